@@ -1,0 +1,1 @@
+"""env: everything that is not traced: tools, sandboxes, tasks, rewards and the rollout pool."""

@@ -1,0 +1,1 @@
+"""Experiment configs: one file per experiment, get_config(arg) -> ConfigDict."""

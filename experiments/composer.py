@@ -1,0 +1,223 @@
+"""composer: a small MoE coding agent trained with SFT then GRPO on generated Python repair tasks.
+
+Command (default, the embedded CPU run of the main job):
+
+    python launch.py --config=experiments/composer.py
+
+Variants, chosen by the argument after the colon:
+
+- ``experiments/composer.py:tiny``: a model of a few hundred thousand parameters and a handful of tasks;
+  the whole pipeline runs in seconds on any CPU. Used by the tests.
+- ``experiments/composer.py`` (no argument): the embedded default. A small MoE (about 4 M parameters),
+  generated tasks, the CPU, no downloads. Target: under 30 minutes on a 2-core CPU.
+- ``experiments/composer.py:gpu``: one H200-class GPU, a model of real size (about 5 B parameters in
+  total, about 1 B active per token), bf16 compute, Pallas kernels.
+
+Any value can be overridden on the command line, e.g. ``--config.rl.learning_rate=3e-6``; the dict is
+locked, so a misspelt key fails at start-up with its name.
+"""
+
+import ml_collections
+
+ConfigDict = ml_collections.ConfigDict
+
+# Logical axis -> mesh axes. The one table that decides how every weight and activation is sharded; a
+# logical axis missing here (or mapped to None) is replicated.
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("exp", "expert"),
+    ("layers", None),
+    ("seq", None),
+)
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    """Returns the config for variant `arg` (None: the embedded default; 'tiny'; 'gpu')."""
+    variant = arg or "default"
+    if variant not in ("default", "tiny", "gpu"):
+        raise ValueError(f"unknown variant {variant!r} of experiments/composer.py: use tiny, gpu or none")
+    c = ConfigDict()
+    c.experiment = "composer" if variant == "default" else f"composer-{variant}"
+    c.seed = 0
+
+    # ---- model: a decoder-only MoE transformer (see composer/model.py)
+    c.model = ConfigDict()
+    c.model.vocab_size = 2048
+    c.model.d_model = 256
+    c.model.n_layers = 4
+    c.model.n_heads = 4
+    c.model.n_kv_heads = 2
+    c.model.head_dim = 64
+    c.model.qk_norm = "head"  # 'none' | 'head' (Qwen3: per head over head_dim) | 'proj' (OLMoE: whole q/k)
+    c.model.rope_theta = 10_000.0
+    c.model.rms_eps = 1e-6
+    c.model.tie_embeddings = False
+    c.model.n_dense_layers = 0  # the first n layers use a dense SwiGLU MLP instead of experts
+    c.model.d_ff_dense = 1024
+    c.model.max_seq_len = 2048  # length of the preallocated KV cache
+    c.model.param_dtype = "float32"
+    c.model.compute_dtype = "float32"
+    c.model.attention_impl = "reference"  # registry key in composer/attention.py
+    c.model.init_from = ""  # a local Hugging Face checkpoint directory to start from ('' = random init)
+
+    # ---- moe: the expert feed-forward layers
+    c.moe = ConfigDict()
+    c.moe.n_experts = 8
+    c.moe.top_k = 2
+    c.moe.d_ff = 512
+    c.moe.norm_topk_prob = True
+    c.moe.shared_expert_d_ff = 0  # 0: no shared expert
+    c.moe.dispatch = "capacity"  # registry key in composer/moe.py: 'capacity' (fast on CPU) | 'ragged_dot'
+    c.moe.capacity_factor = 2.0
+    c.moe.aux_loss_coef = 1e-2
+    c.moe.z_loss_coef = 1e-3
+
+    # ---- mesh: device mesh shape over ('data', 'fsdp', 'expert', 'tensor'); -1 takes the remaining devices
+    c.mesh = ConfigDict()
+    c.mesh.data = -1
+    c.mesh.fsdp = 1
+    c.mesh.expert = 1
+    c.mesh.tensor = 1
+    c.mesh.rules = DEFAULT_RULES
+
+    # ---- optim: shared by SFT and RL (each phase has its own learning rate and step count)
+    c.optim = ConfigDict()
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.95
+    c.optim.eps = 1e-8
+    c.optim.weight_decay = 0.01
+    c.optim.grad_clip = 1.0
+    c.optim.warmup_steps = 20
+    c.optim.micro_batches = 1
+
+    # ---- sft: the supervised warm start on expert trajectories
+    c.sft = ConfigDict()
+    c.sft.learning_rate = 3e-3
+    c.sft.steps = 300
+    c.sft.batch_size = 16
+    c.sft.n_trajectories = 400
+
+    # ---- rl: GRPO / PPO
+    c.rl = ConfigDict()
+    c.rl.algorithm = "grpo"  # advantage estimator: 'grpo' | 'drgrpo' | 'rloo' | 'gae' (PPO)
+    c.rl.learning_rate = 1e-4
+    c.rl.steps = 60
+    c.rl.tasks_per_step = 8
+    c.rl.group_size = 8
+    c.rl.clip_low = 0.2
+    c.rl.clip_high = 0.28
+    c.rl.kl_coef = 0.0
+    c.rl.tis_cap = 2.0  # truncated importance sampling between sampler and learner log-probs
+    c.rl.mask_truncated = True
+    c.rl.max_staleness = 1
+    c.rl.gamma = 1.0
+    c.rl.gae_lambda = 0.95
+    c.rl.value_coef = 0.5
+
+    # ---- sampling: the continuous-batching sampler
+    c.sampling = ConfigDict()
+    c.sampling.temperature = 1.0
+    c.sampling.top_p = 1.0
+    c.sampling.decode_slots = 16
+    c.sampling.steps_per_call = 8  # decode steps per device call
+    c.sampling.max_turn_tokens = 256
+
+    # ---- env: tasks, sandboxes and the rollout pool
+    c.env = ConfigDict()
+    c.env.n_train_tasks = 200
+    c.env.n_heldout_tasks = 50
+    c.env.difficulty = 1
+    c.env.n_workers = 2
+    c.env.rollout_backend = "local"  # 'local' (processes) | 'ray' (later)
+    c.env.isolation = "auto"  # 'auto' | 'bwrap' | 'unshare' | 'none'
+    c.env.max_turns = 12
+    c.env.max_episode_tokens = 1536
+    c.env.episode_timeout_s = 120.0
+    c.env.command_timeout_s = 30.0
+
+    # ---- eval
+    c.eval = ConfigDict()
+    c.eval.n_tasks = 50
+    c.eval.every_steps = 20
+
+    # ---- checkpoint
+    c.checkpoint = ConfigDict()
+    c.checkpoint.every_steps = 10
+    c.checkpoint.max_to_keep = 2
+
+    if variant == "tiny":
+        _tiny(c)
+    elif variant == "gpu":
+        _gpu(c)
+    return c
+
+
+def _tiny(c: ConfigDict) -> None:
+    c.model.vocab_size = 512
+    c.model.d_model = 64
+    c.model.n_layers = 2
+    c.model.n_heads = 4
+    c.model.n_kv_heads = 2
+    c.model.head_dim = 16
+    c.model.d_ff_dense = 128
+    c.model.max_seq_len = 1024
+    c.moe.n_experts = 4
+    c.moe.top_k = 2
+    c.moe.d_ff = 64
+    c.sft.steps = 10
+    c.sft.batch_size = 4
+    c.sft.n_trajectories = 8
+    c.rl.steps = 2
+    c.rl.tasks_per_step = 2
+    c.rl.group_size = 2
+    c.sampling.decode_slots = 4
+    c.sampling.max_turn_tokens = 64
+    c.env.n_train_tasks = 8
+    c.env.n_heldout_tasks = 4
+    c.env.max_turns = 4
+    c.env.max_episode_tokens = 768
+    c.eval.n_tasks = 4
+    c.checkpoint.every_steps = 1
+    c.optim.warmup_steps = 2
+
+
+def _gpu(c: ConfigDict) -> None:
+    c.model.vocab_size = 32_768
+    c.model.d_model = 2048
+    c.model.n_layers = 16
+    c.model.n_heads = 16
+    c.model.n_kv_heads = 4
+    c.model.head_dim = 128
+    c.model.n_dense_layers = 1
+    c.model.d_ff_dense = 6144
+    c.model.max_seq_len = 16_384
+    c.model.param_dtype = "bfloat16"
+    c.model.compute_dtype = "bfloat16"
+    c.model.rope_theta = 1_000_000.0
+    c.moe.n_experts = 64
+    c.moe.top_k = 8
+    c.moe.d_ff = 768
+    c.moe.dispatch = "ragged_dot"
+    c.sft.batch_size = 64
+    c.sft.steps = 2000
+    c.rl.steps = 1000
+    c.rl.tasks_per_step = 32
+    c.rl.group_size = 16
+    c.rl.learning_rate = 1e-6
+    c.sampling.decode_slots = 256
+    c.sampling.steps_per_call = 32
+    c.sampling.max_turn_tokens = 2048
+    c.env.n_workers = 16
+    c.env.n_train_tasks = 5000
+    c.env.n_heldout_tasks = 200
+    c.env.difficulty = 2
+    c.env.max_turns = 40
+    c.env.max_episode_tokens = 16_384
+    c.eval.n_tasks = 200
+    c.checkpoint.every_steps = 50

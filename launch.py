@@ -1,0 +1,45 @@
+"""composer's entry point.
+
+    python launch.py --config=experiments/composer.py[:tiny|:gpu] [--workdir=DIR] [--mode=MODE]
+                     [--config.rl.learning_rate=3e-6 ...]
+
+The config dict is locked: an override of a key that does not exist fails here, naming the key, before any
+work starts. Everything else lives in the package (composer/run.py).
+"""
+
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from composer import run
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file[:variant].", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default runs/<experiment>-<timestamp>).")
+_MODE = flags.DEFINE_enum("mode", "train", run.MODES, "What to run: " + "; ".join(run.MODE_HELP))
+flags.mark_flag_as_required("config")
+
+
+def _parse(argv: list[str]) -> list[str]:
+    """Parses flags; an override of a config key that does not exist is a usage error naming the key."""
+    try:
+        return flags.FLAGS(argv)
+    except (AttributeError, KeyError) as e:
+        keys = [a.split("=")[0].removeprefix("--config.") for a in argv if a.startswith("--config.")]
+        bad = [k for k in keys if repr(k.split(".")[-1]) in str(e)] or keys
+        sys.exit(f"FATAL: unknown config key: {', '.join(bad)} ({e})")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = _CONFIG.value
+    workdir = _WORKDIR.value or f"runs/{config.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run.main(config, workdir, _MODE.value)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_parse)

@@ -1,0 +1,46 @@
+"""launch.py: the locked config and the modes."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments import composer as composer_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _launch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "launch.py", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_unknown_key_fails_before_work_naming_it(tmp_path):
+    workdir = tmp_path / "w"
+    r = _launch("--config=experiments/composer.py:tiny", "--config.rl.lrr=1", f"--workdir={workdir}")
+    assert r.returncode != 0
+    assert "rl.lrr" in r.stderr
+    assert not workdir.exists()
+
+
+def test_known_override_is_accepted_and_typed():
+    config = composer_config.get_config("tiny")
+    config.lock()
+    config.rl.learning_rate = 3e-6
+    assert config.rl.learning_rate == 3e-6
+    with pytest.raises(AttributeError):
+        config.rl.lrr = 1
+
+
+@pytest.mark.parametrize("variant", [None, "tiny", "gpu"])
+def test_variants_have_every_section(variant):
+    config = composer_config.get_config(variant)
+    for section in ("model", "moe", "mesh", "optim", "rl", "sampling", "env", "eval", "checkpoint"):
+        assert section in config, section
+
+
+def test_unknown_variant_is_an_error():
+    with pytest.raises(ValueError, match="nope"):
+        composer_config.get_config("nope")
