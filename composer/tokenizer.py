@@ -1,0 +1,124 @@
+"""Byte-level BPE tokenizer (Hugging Face `tokenizers`) and the rendering of conversations to ids + loss mask.
+
+Byte-level means every string round-trips exactly through encode/decode: no normalisation, no unknown token,
+whitespace and indentation kept. The chat special tokens (`chat.SPECIAL_TOKENS`) are single ids, and their
+strings inside a text encode to those ids. Any `tokenizer.json` that has them (a Qwen3 one, say) loads.
+"""
+
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import tokenizers as hf
+
+from composer import chat
+
+_SPECIAL_SPLIT = re.compile("|".join(re.escape(t) for t in chat.SPECIAL_TOKENS))
+
+
+class Tokenizer:
+    """A thin wrapper over a `tokenizers.Tokenizer` that never adds BOS/EOS and decodes special tokens."""
+
+    def __init__(self, backend: hf.Tokenizer):
+        self.backend = backend
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        """Loads any `tokenizer.json`."""
+        return cls(hf.Tokenizer.from_file(str(path)))
+
+    def save(self, path: str | Path) -> None:
+        """Writes `tokenizer.json` (the Hugging Face format, loadable by `transformers` too)."""
+        self.backend.save(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`; special-token strings in it become their single ids."""
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode` of each text (one call into the library, which runs them in parallel)."""
+        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids`, special tokens included; `decode(encode(s)) == s` for a byte-level BPE."""
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_id(self, token: str) -> int:
+        """The id of one token string; raises KeyError when the vocabulary lacks it."""
+        i = self.backend.token_to_id(token)
+        if i is None:
+            raise KeyError(f"the tokenizer has no token {token!r}")
+        return i
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added (special) tokens included: the model's vocab must be at least this."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def im_start_id(self) -> int:
+        return self.token_id(chat.IM_START)
+
+    @property
+    def im_end_id(self) -> int:
+        return self.token_id(chat.IM_END)
+
+    @property
+    def pad_id(self) -> int:
+        return self.token_id(chat.PAD)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Trains a byte-level BPE of `vocab_size` ids (256 bytes + the chat special tokens + merges).
+
+    The special tokens take ids 0..len(SPECIAL_TOKENS)-1. Texts are cut at special-token strings before
+    training so that no merge is spent on spelling them out.
+    """
+    n_min = 256 + len(chat.SPECIAL_TOKENS)
+    if vocab_size < n_min:
+        raise ValueError(f"vocab_size {vocab_size} is below {n_min} (256 bytes + special tokens)")
+    backend = hf.Tokenizer(hf.models.BPE())
+    # add_prefix_space=False and no normaliser: the ids decode back to the exact input bytes.
+    backend.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = hf.decoders.ByteLevel()
+    special = [hf.AddedToken(t, special=True, normalized=False) for t in chat.SPECIAL_TOKENS]
+    trainer = hf.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+
+    def pieces() -> Iterable[str]:
+        for text in texts:
+            yield from (p for p in _SPECIAL_SPLIT.split(text) if p)
+
+    backend.train_from_iterator(pieces(), trainer=trainer)
+    return Tokenizer(backend)
+
+
+def render(messages: list[chat.Message], tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """A conversation as token ids and a loss mask.
+
+    Returns (ids [t] int32, loss_mask [t] int32) where loss_mask is 1 exactly on the tokens of each assistant
+    turn's text, calls and closing `<|im_end|>`, 0 elsewhere. The segments of `chat.render_segments` are
+    encoded one by one; every segment boundary sits next to a special token or right after the assistant
+    header's newline, so `ids == encode(render_text(messages))`.
+    """
+    return _render(chat.render_segments(messages), tokenizer)
+
+
+def render_prompt(messages: list[chat.Message], tokenizer: Tokenizer) -> np.ndarray:
+    """Ids [t] int32 of the conversation then `<|im_start|>assistant\\n`: the prompt to generate from."""
+    return _render(chat.render_segments(messages, add_generation_prompt=True), tokenizer)[0]
+
+
+def _render(segments: list[tuple[str, bool]], tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    encoded = tokenizer.encode_batch([text for text, _ in segments])
+    ids = np.fromiter((i for seg in encoded for i in seg), dtype=np.int32)
+    mask = np.concatenate(
+        [np.full(len(seg), int(generated), np.int32) for seg, (_, generated) in zip(encoded, segments)]
+        or [np.zeros(0, np.int32)]
+    )
+    return ids, mask
