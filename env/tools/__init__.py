@@ -1,0 +1,27 @@
+"""The IDE tools a policy calls, in the Cursor agent's formats (../shared/TOOLS.md).
+
+    ctx = ToolContext(workspace, sandbox)            # one per episode
+    system_message(tool_schemas(), ...)              # schemas for the prompt, in TOOL_NAMES order
+    execute(ctx, ToolCall("read_file", {"target_file": "pkg/mod.py"})) -> ToolResult(text, is_error)
+    execute_parallel(ctx, calls)                     # one turn's calls, concurrently, results in order
+
+Modules: context (ToolResult, ToolContext), paths (workspace path resolution and how paths are shown),
+schemas (JSON schemas and argument validation), files, search (grep, glob_file_search, list_dir),
+codebase_search, terminal, lints, todos, binaries (rg and ruff), dispatch. `python -m env.tools call` runs one
+call from the command line.
+"""
+
+from env.tools.context import ToolContext, ToolError, ToolResult
+from env.tools.dispatch import execute, execute_json, execute_parallel
+from env.tools.schemas import TOOL_NAMES, tool_schemas
+
+__all__ = [
+    "TOOL_NAMES",
+    "ToolContext",
+    "ToolError",
+    "ToolResult",
+    "execute",
+    "execute_json",
+    "execute_parallel",
+    "tool_schemas",
+]
