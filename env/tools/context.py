@@ -28,8 +28,9 @@ class ToolContext:
     write, search_replace and delete_file changed, for grading's shaping terms; `todos` is todo_write's list.
 
     Tools of one turn run in parallel threads on one context: edits to files are serialised by `edit_lock`
-    (each read-modify-write is atomic), terminal commands by `shell_lock` (one shell, one working
-    directory), the codebase-search index by `search_lock` and the todo list by `todo_lock`.
+    (each read-modify-write is atomic), terminal commands run concurrently (the sandbox keeps the
+    working directory consistent), the codebase-search index is guarded by `search_lock` and the todo
+    list by `todo_lock`.
     """
 
     def __init__(self, workspace: Path, sandbox: Any = None, *, display_root: str = "/workspace"):
@@ -46,7 +47,6 @@ class ToolContext:
         # Passed to sandbox.shell; None lets the sandbox apply its own default.
         self.command_timeout: float | None = None
         self.edit_lock = threading.Lock()
-        self.shell_lock = threading.Lock()
         self.search_lock = threading.Lock()
         self.todo_lock = threading.Lock()
         self.search_index: Any = None  # built by codebase_search on first use

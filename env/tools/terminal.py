@@ -1,10 +1,10 @@
 """run_terminal_cmd: one command line in the episode's sandbox, in the template of ../shared/TOOLS.md.
 
 The sandbox (`ctx.sandbox`, an env.sandbox.Sandbox or anything with the same `.shell` and
-`.start_background`) keeps the shell's working directory between calls; commands of one context run one at
-a time (`ctx.shell_lock`), as in one terminal. A command's exit status does not set the error flag (a failing
-test run is a normal result); a timed-out command does not either: its partial output is the result. The
-error flag marks calls that ran nothing: no sandbox, a command with a newline.
+`.start_background`) keeps the shell's working directory between calls; the parallel calls of one turn
+run concurrently, each starting in the shell's current directory. A command's exit status does not set the
+error flag (a failing test run is a normal result); a timed-out command does not either: its partial
+output is the result. The error flag marks calls that ran nothing: no sandbox, a command with a newline.
 
 Output is capped at 20000 characters: the first and last 10000 are kept around a
 `... {n} characters truncated ...` line (a test run's summary is at the end, its first failure near the
@@ -65,11 +65,12 @@ def run_terminal_cmd(ctx: ToolContext, args: dict) -> ToolResult:
         raise ToolError("Error: the command is empty")
     if ctx.sandbox is None:
         raise ToolError("Error: no sandbox is available in this environment, so terminal commands cannot run")
-    with ctx.shell_lock:
-        if args["is_background"]:
-            shell_id, pid, output_path = ctx.sandbox.start_background(command)
-            return ToolResult(format_background(shell_id, pid, str(output_path)))
-        result = ctx.sandbox.shell(command, timeout=ctx.command_timeout)
+    if args["is_background"]:
+        shell_id, pid, output_path = ctx.sandbox.start_background(command)
+        return ToolResult(format_background(shell_id, pid, str(output_path)))
+    # Parallel calls of one turn run concurrently, each from the shell's current directory (Sandbox.shell is
+    # thread-safe); the one that finishes last sets the directory for the next call.
+    result = ctx.sandbox.shell(command, timeout=ctx.command_timeout)
     if result.timed_out:
         return ToolResult(format_timed_out(command, result.output, result.cwd))
     return ToolResult(format_completed(command, result.exit_code, result.output, result.cwd))

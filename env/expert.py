@@ -1,0 +1,335 @@
+"""The scripted expert: solves generated tasks through the same tools a model calls, and records the
+conversation as supervised warm-start data.
+
+    trajectory = solve(task)       # Trajectory(messages, reward, grade, family, n_turns)
+
+The expert works like a careful developer, one assistant turn at a time, each with a line of text before
+its calls:
+
+1. REPRODUCE: run the tests.
+2. SEARCH: grep for the definition of the entry point the bug report calls.
+3. READ: the failing test and that definition, two read_file calls in one turn (run in parallel).
+4. TRACE: for each call on the way down to the buggy helper, grep for its definition and read it.
+5. EDIT: one search_replace whose old_string is text of the file as the read showed it.
+6. VERIFY: run the tests again; then a short final message without calls.
+
+It decides with the task's metadata (the gold patch and the call chain from the entry point to the bug),
+but every fact its messages state or its calls use comes from an earlier tool result: line numbers from grep,
+code from read_file. Reads are narrowed to the function (offset/limit) to keep trajectories short.
+"""
+
+import ast
+import dataclasses
+import random
+import re
+from pathlib import Path
+
+from composer.chat import Message, ToolCall, render_text, system_message
+from env.reward import Grade, grade
+from env.sandbox import Limits, Sandbox, make_workspace, remove_workspace
+from env.tasks.diffs import parse_patch
+from env.tasks.task import Task
+from env.tools import ToolContext, ToolResult, execute_parallel, tool_schemas
+
+INSTRUCTIONS = (
+    "You are a coding agent in a Python repository at /workspace. Fix the bug the user reports: run the "
+    "tests, search and read the code, edit the source, and run the tests again. Do not change the tests. "
+    "When the tests pass, reply with a short summary and no tool call."
+)
+TEST_COMMAND = "python -m pytest -q --tb=short tests"
+EDIT_TOOLS = ("search_replace", "write", "delete_file")
+READ_TOOLS = ("read_file", "grep", "codebase_search", "glob_file_search", "list_dir")
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One solved (or failed) episode. n_turns counts assistant turns."""
+
+    messages: list[Message]
+    reward: float
+    grade: Grade
+    family: str
+    n_turns: int
+
+    def text(self) -> str:
+        return render_text(self.messages)
+
+
+def solve(task: Task, *, workspace_parent: Path | None = None, isolation: str = "auto") -> Trajectory:
+    """Runs the expert on `task` in a fresh workspace and sandbox, grades the result, cleans up."""
+    workspace = make_workspace(task.repo, workspace_parent)
+    try:
+        with Sandbox(workspace, limits=Limits(timeout_s=task.timeout_s), isolation=isolation) as box:
+            expert = _Expert(task, ToolContext(workspace, box))
+            expert.run()
+        result = grade(
+            task,
+            workspace,
+            edited_files=expert.ctx.edited_files,
+            tool_errors=expert.tool_errors,
+            first_edit_after_read=expert.first_edit_after_read(),
+            isolation=isolation,
+        )
+    finally:
+        remove_workspace(workspace)
+    n_turns = sum(m.role == "assistant" for m in expert.messages)
+    return Trajectory(expert.messages, result.reward, result, task.metadata.get("family", ""), n_turns)
+
+
+class _Expert:
+    def __init__(self, task: Task, ctx: ToolContext):
+        self.task = task
+        self.ctx = ctx
+        self.rng = random.Random(f"expert/{task.instance_id}")
+        self.messages = [
+            system_message(tool_schemas(), INSTRUCTIONS),
+            Message("user", task.problem_statement),
+        ]
+        self.tool_errors = 0
+        self.turn_tools: list[list[str]] = []
+
+    # -- the conversation ------------------------------------------------------------------------------
+
+    def turn(self, text: str, calls: list[ToolCall]) -> list[ToolResult]:
+        self.messages.append(Message("assistant", text, calls))
+        results = execute_parallel(self.ctx, calls)
+        self.messages += [Message("tool", r.text) for r in results]
+        self.tool_errors += sum(r.is_error for r in results)
+        self.turn_tools.append([c.name for c in calls])
+        return results
+
+    def say(self, options: tuple[str, ...], **fields) -> str:
+        return self.rng.choice(options).format(**fields)
+
+    def first_edit_after_read(self) -> bool | None:
+        for i, names in enumerate(self.turn_tools):
+            if any(n in EDIT_TOOLS for n in names):
+                return any(n in READ_TOOLS for earlier in self.turn_tools[:i] for n in earlier)
+        return None
+
+    # -- the plan --------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        meta = self.task.metadata
+        bug = meta["bug"]
+        package = meta["package"]
+        chain = bug["chain"]
+        shown_file, shown_test = meta["shown_test"].split("::")
+
+        # 1. REPRODUCE
+        self.turn(
+            self.say(
+                (
+                    "Let me run the tests first to reproduce the problem.",
+                    "I'll start by running the test suite.",
+                    "First, let me reproduce the failure by running the tests.",
+                )
+            ),
+            [_terminal(TEST_COMMAND)],
+        )
+
+        # 2. SEARCH for the entry point the report calls.
+        entry = chain[0]
+        pattern = _definition_pattern(entry["function"])
+        shown = _display(entry["function"])
+        if entry["function"].endswith(".__init__"):
+            options = (
+                "The problem starts when a `{f}` is created. Let me find the class.",
+                "Let me find `{f}`.",
+            )
+        else:
+            options = (
+                "The failing call goes through `{f}`. Let me find its definition.",
+                "`{f}` gives the wrong result. Let me find where it is defined.",
+                "Let me locate `{f}`.",
+            )
+        found = self.turn(
+            self.say(options, f=shown),
+            [ToolCall("grep", {"pattern": pattern, "path": package})],
+        )
+        entry_line = _grep_line(found[0].text, entry["file"])
+
+        # 3. READ the failing test and the entry point together.
+        test_span = _span(self.ctx.workspace / shown_file, shown_test)
+        entry_span = _span(self.ctx.workspace / entry["file"], entry["function"], entry_line)
+        self.turn(
+            self.say(
+                (
+                    "Let me read the failing test and `{f}`.",
+                    "I'll look at the test and at `{f}` side by side.",
+                    "Reading the test `{t}` and the code of `{f}`.",
+                ),
+                f=shown,
+                t=shown_test,
+            ),
+            [_read(shown_file, test_span), _read(entry["file"], entry_span)],
+        )
+
+        # 4. TRACE down the calls to the buggy function.
+        previous = entry
+        for step in chain[1:]:
+            name = _display(step["function"])
+            found = self.turn(
+                self.say(
+                    (
+                        "`{p}` delegates to `{n}`. Let me find it.",
+                        "The result comes from `{n}`, called in `{p}`. Let me look for its definition.",
+                        "`{p}` itself looks right; it calls `{n}`. Searching for it.",
+                    ),
+                    p=_display(previous["function"]),
+                    n=name,
+                ),
+                [ToolCall("grep", {"pattern": _definition_pattern(step["function"]), "path": package})],
+            )
+            line = _grep_line(found[0].text, step["file"])
+            span = _span(self.ctx.workspace / step["file"], step["function"], line)
+            self.turn(
+                self.say(("Let me read `{n}`.", "Reading `{n}`.", "Let me see `{n}`."), n=name),
+                [_read(step["file"], span)],
+            )
+            previous = step
+
+        # 5. EDIT: the gold patch, as search_replace calls on the text just read.
+        diagnosis = _diagnosis(meta["family"], self.task.patch, _display(bug["function"]))
+        for file_patch in parse_patch(self.task.patch):
+            text = (self.ctx.workspace / file_patch.path).read_text()
+            for _, body in file_patch.hunks:
+                old, new = _replacement(text, body)
+                self.turn(
+                    diagnosis,
+                    [
+                        ToolCall(
+                            "search_replace",
+                            {"file_path": file_patch.path, "old_string": old, "new_string": new},
+                        )
+                    ],
+                )
+                text = text.replace(old, new, 1)
+                diagnosis = "And the next change in the same fix."
+
+        # 6. VERIFY and finish.
+        results = self.turn(
+            self.say(
+                ("Now let me run the tests again.", "Let me re-run the tests.", "Running the tests again.")
+            ),
+            [_terminal(TEST_COMMAND)],
+        )
+        passed = re.search(r"(\d+) passed", results[0].text)
+        failed = re.search(r"\d+ (failed|error)", results[0].text)
+        location = f"`{_display(bug['function'])}` in `{bug['file']}`"
+        if passed and not failed:
+            summary = self.say(
+                (
+                    "Fixed {loc}: {why} All {n} tests pass now.",
+                    "The bug was in {loc}: {why} After the fix all {n} tests pass.",
+                ),
+                loc=location,
+                why=diagnosis_sentence(meta["family"], self.task.patch, _display(bug["function"])),
+                n=passed.group(1),
+            )
+        else:
+            summary = f"I changed {location}, but the tests still fail."
+        self.messages.append(Message("assistant", summary))
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _terminal(command: str) -> ToolCall:
+    return ToolCall("run_terminal_cmd", {"command": command, "is_background": False})
+
+
+def _read(path: str, span: tuple[int, int]) -> ToolCall:
+    return ToolCall("read_file", {"target_file": path, "offset": span[0], "limit": span[1] - span[0] + 1})
+
+
+def _display(qualname: str) -> str:
+    """How a function is named in prose: `Class` for a constructor, `Class.method`, `function`."""
+    return qualname.removesuffix(".__init__")
+
+
+def _definition_pattern(qualname: str) -> str:
+    if qualname.endswith(".__init__"):
+        return rf"class {qualname.split('.')[0]}\b"
+    return rf"def {qualname.split('.')[-1]}\("
+
+
+def _grep_line(text: str, file: str) -> int | None:
+    """The line number grep reported for `file` (`path:line:text` lines), if any."""
+    for line in text.splitlines():
+        m = re.match(r"^(.*?):(\d+):", line)
+        if m and m.group(1).removeprefix("/workspace/").removeprefix("./") == file:
+            return int(m.group(2))
+    return None
+
+
+def _span(path: Path, qualname: str, line: int | None = None) -> tuple[int, int]:
+    """First and last line of function (or test) `qualname` in `path` (a constructor: the class header
+    through __init__). `line`, where grep gave it, is where the definition starts."""
+    tree = ast.parse(path.read_text())
+    parts = qualname.split(".")
+    scope = tree.body
+    node = None
+    for part in parts:
+        node = next(n for n in scope if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == part)
+        scope = node.body
+    start = line or node.lineno
+    if parts[-1] == "__init__":  # from the class line (where grep found `class X`)
+        start = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == parts[0]).lineno
+    return start, node.end_lineno
+
+
+def _changed(patch: str) -> tuple[list[str], list[str]]:
+    """Removed and added lines of a patch, stripped."""
+    removed, added = [], []
+    for fp in parse_patch(patch):
+        for _, body in fp.hunks:
+            removed += [b[1:].strip() for b in body if b[0] == "-"]
+            added += [b[1:].strip() for b in body if b[0] == "+"]
+    return removed, added
+
+
+def diagnosis_sentence(family: str, patch: str, function: str) -> str:
+    """One sentence that says what was wrong, from the patch's lines."""
+    removed, added = _changed(patch)
+    old = removed[0] if removed else ""
+    new = added[0] if added else ""
+    if family == "missing_return":
+        return f"`{function}` computed its result but never returned it, so it gave `None`; it needs `{new}`."
+    if family == "early_return":
+        return f"`{new}` was inside the loop, so `{function}` returned after the first iteration."
+    what = {
+        "wrong_operator": "used the wrong operator",
+        "off_by_one": "was off by one",
+        "wrong_constant": "had the wrong constant",
+        "swapped_arguments": "passed the arguments in the wrong order",
+        "negated_condition": "had its condition inverted",
+        "wrong_variable": "used the wrong variable",
+    }.get(family, "was wrong")
+    return f"`{old}` {what}; it should be `{new}`."
+
+
+def _diagnosis(family: str, patch: str, function: str) -> str:
+    return f"Found it: {diagnosis_sentence(family, patch, function)} Let me fix it."
+
+
+def _replacement(text: str, body: list[str]) -> tuple[str, str]:
+    """(old_string, new_string) for one hunk: the changed lines, widened with context lines until the old
+    side is non-empty and occurs exactly once in `text`."""
+    changed = [i for i, b in enumerate(body) if b[0] in "-+"]
+    lo, hi = changed[0], changed[-1]
+    while True:
+        old = "".join(b[1:] for b in body[lo : hi + 1] if b[0] in " -")
+        new = "".join(b[1:] for b in body[lo : hi + 1] if b[0] in " +")
+        if old.strip() and text.count(old) == 1:
+            break
+        if lo == 0 and hi == len(body) - 1:
+            break
+        if lo > 0:
+            lo -= 1
+        elif hi < len(body) - 1:
+            hi += 1
+    # Without the final newline, as a person would select the lines (both sides end the same way).
+    if old.endswith("\n") and new.endswith("\n"):
+        old, new = old[:-1], new[:-1]
+    return old, new

@@ -1,0 +1,424 @@
+"""Grading: run a task's tests on the final workspace of an episode and score it.
+
+    grade(task, workspace, edited_files=..., tool_errors=..., first_edit_after_read=...) -> Grade
+
+The reward is 1.0 if and only if every FAIL_TO_PASS and PASS_TO_PASS test passed, else 0.0. Shaping terms
+are reported beside it in `Grade.components`, never mixed in.
+
+The workspace holds model-written files and is treated as hostile. Grading works on a copy (the episode's
+workspace is left as it was) and, before running anything, puts back what the agent must not control:
+
+- the test files: every file under the test directories (the first path component of each graded node id,
+  e.g. `tests/`) is replaced by the task's copy in `repo/`; files the agent added there (a conftest.py, a
+  tests/__init__.py, helpers) are removed, deleted tests come back; then `test_patch` is applied;
+- pytest's configuration: conftest.py files anywhere, and pytest.ini, .pytest.ini, pytest.toml,
+  .pytest.toml, pyproject.toml, tox.ini, setup.cfg at the root, are restored to the task's version or
+  removed (an `addopts` or a hook could deselect or fake tests);
+- shadowing: a new top-level module or package in the root named like a standard-library or installed module
+  (pytest.py, _pytest/, pluggy/, xml/ ...) is removed, as are sitecustomize / usercustomize and .pth files;
+- bytecode: every __pycache__ directory and .pyc file goes (a forged .pyc can carry code its .py lacks);
+- the junit report path is cleared, so only this run's report is read.
+
+Then test_cmd runs in the sandbox (env.sandbox: no network, the copy as the only writable tree, limits,
+timeout) and per-test outcomes are read from the junit XML. A graded test absent from the report is
+'missing' (a failure). Code the agent wrote still runs inside the test process; changed source files that
+reach into pytest, the report or the interpreter (see TAMPER_TOKENS) are flagged `tamper_suspected` and score
+0. The fixes these tasks need never use such things; a determined hostile program could still hide them,
+which the sandbox contains but this check cannot exclude.
+"""
+
+import dataclasses
+import functools
+import importlib.metadata
+import os
+import re
+import shutil
+import stat
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from pathlib import Path
+
+from env.sandbox import SANDBOX_ROOT, Limits, Sandbox, make_workspace, remove_workspace
+from env.tasks.diffs import PatchError, apply_patch, patch_paths, remove_entry, safe_path, write_file
+from env.tasks.task import Task, junit_path
+
+OUTCOMES = ("passed", "failed", "error", "skipped", "missing")
+CONFIG_FILES = (
+    "pytest.ini",
+    ".pytest.ini",
+    "pytest.toml",
+    ".pytest.toml",
+    "pyproject.toml",
+    "tox.ini",
+    "setup.cfg",
+)
+STARTUP_MODULES = ("sitecustomize", "usercustomize")
+# Words that a changed source file has no business gaining in a bug fix: hooks into pytest and its report,
+# interpreter-level patching, dynamic code.
+TAMPER_TOKENS = (
+    "pytest",
+    "pluggy",
+    "junit",
+    "conftest",
+    "atexit",
+    "sys.modules",
+    "_getframe",
+    "settrace",
+    "setprofile",
+    "builtins",
+    "__import__",
+    "importlib",
+    "os._exit",
+    "exec(",
+    "eval(",
+    "compile(",
+    "base64",
+    "marshal",
+    "ctypes",
+)
+MAX_REPORT_BYTES = 8 << 20
+MAX_SOURCE_BYTES = 4 << 20
+MAX_OUTPUT_CHARS = 20_000
+_IGNORED_DIRS = ("__pycache__", ".pytest_cache", ".ruff_cache", ".git")
+
+
+@dataclasses.dataclass
+class Grade:
+    """reward: 1.0 iff every graded test passed. tests: node id -> one of OUTCOMES. components: shaping terms
+    and diagnostics (see `grade`). output: what the test run printed (capped), after notes on restored
+    files."""
+
+    reward: float
+    tests: dict[str, str]
+    components: dict[str, float]
+    output: str
+
+
+def grade(
+    task: Task,
+    workspace: Path | str,
+    *,
+    edited_files: Iterable[str] | None = None,
+    tool_errors: int = 0,
+    first_edit_after_read: bool | None = None,
+    isolation: str = "auto",
+    limits: Limits | None = None,
+) -> Grade:
+    """Grades the final `workspace` of an episode on `task` (the workspace itself is not modified).
+
+    components:
+      tool_errors                   the count passed in (calls answered with an error result)
+      edited_unrelated_files        files edited that the gold patch does not touch: `edited_files`
+                                    (workspace-relative, as env.tools records them) when given, else every
+                                    file that differs from the task's repo
+      searched_or_read_before_edit  1.0 / 0.0 from `first_edit_after_read`; absent when that is None (no edit)
+      fail_to_pass, pass_to_pass    fraction of each group that passed
+      tamper_suspected              1.0 when a changed source file uses a TAMPER_TOKENS word (reward 0)
+      timed_out                     1.0 when the test command hit task.timeout_s
+    """
+    workspace = Path(workspace)
+    copy, notes = _grading_copy(workspace)
+    try:
+        notes += restore(task, copy)
+        suspects = tamper_suspects(task, copy)
+        limits = limits or Limits(timeout_s=task.timeout_s)
+        with Sandbox(copy, limits=limits, isolation=isolation) as box:
+            run = box.run(task.test_cmd, timeout=task.timeout_s)
+        tests = read_outcomes(task, copy)
+    finally:
+        remove_workspace(copy)
+    fail = [tests[t] == "passed" for t in task.FAIL_TO_PASS]
+    keep = [tests[t] == "passed" for t in task.PASS_TO_PASS]
+    passed = all(fail) and all(keep)
+    components = {
+        "tool_errors": float(tool_errors),
+        "edited_unrelated_files": float(len(unrelated_edits(task, workspace, edited_files))),
+        "fail_to_pass": sum(fail) / len(fail) if fail else 1.0,
+        "pass_to_pass": sum(keep) / len(keep) if keep else 1.0,
+        "tamper_suspected": float(bool(suspects)),
+        "timed_out": float(run.timed_out),
+    }
+    if first_edit_after_read is not None:
+        components["searched_or_read_before_edit"] = float(first_edit_after_read)
+    if suspects:
+        notes.append(f"[grading] tampering suspected in {', '.join(suspects)}: reward 0")
+    output = (
+        run.output if len(run.output) <= MAX_OUTPUT_CHARS else run.output[:MAX_OUTPUT_CHARS] + "\n[...]\n"
+    )
+    if run.timed_out:
+        notes.append(f"[grading] the test command timed out after {task.timeout_s:g} s")
+    text = "".join(n + "\n" for n in notes) + output
+    return Grade(float(passed and not suspects), tests, components, text)
+
+
+# --------------------------------------------------------------------------------------------- restoring
+
+
+def _grading_copy(workspace: Path) -> tuple[Path, list[str]]:
+    """A fresh workspace holding a copy of `workspace`. If the plain copy fails (a named pipe or socket the
+    agent made, which copying refuses), only directories, regular files and symbolic links are copied, and a
+    note says what was left out."""
+    try:
+        return make_workspace(workspace), []
+    except ValueError:
+        pass
+    with tempfile.TemporaryDirectory(prefix="composer-grade-") as empty:
+        os.chmod(empty, 0o755)  # the copy takes this mode, and the sandbox's uid must enter it
+        copy = make_workspace(Path(empty))
+    skipped = []
+    try:
+        for dirpath, dirnames, filenames in os.walk(workspace):
+            base = Path(dirpath)
+            rel = base.relative_to(workspace)
+            for name in dirnames + filenames:
+                src, dst = base / name, copy / rel / name
+                if src.is_symlink():
+                    os.symlink(os.readlink(src), dst)
+                elif src.is_dir():
+                    dst.mkdir()
+                elif _regular(src):
+                    shutil.copy2(src, dst)
+                else:
+                    skipped.append((rel / name).as_posix())
+            dirnames[:] = [d for d in dirnames if not (base / d).is_symlink()]
+    except BaseException:
+        remove_workspace(copy)
+        raise
+    return copy, [f"[grading] not copied (not a regular file): {', '.join(sorted(skipped))}"]
+
+
+def graded_roots(task: Task) -> list[str]:
+    """Top-level directories (or root-level files) that hold the graded tests."""
+    roots = {node.split("::")[0].split("/")[0] for node in task.tests}
+    roots |= {p.split("/")[0] for p in patch_paths(task.test_patch)} if task.test_patch else set()
+    return sorted(roots)
+
+
+def restore(task: Task, tree: Path) -> list[str]:
+    """Puts back in `tree` (a grading copy) everything listed in the module docstring; returns notes on
+    what it changed."""
+    original = task.repo
+    notes = []
+
+    def put_back(rel: str) -> None:
+        src = original / rel
+        if src.is_file() and not src.is_symlink():
+            data = src.read_bytes()
+            dst = tree / rel
+            if not (dst.is_file() and not dst.is_symlink() and _same(dst, data)):
+                notes.append(f"[grading] restored {rel}")
+                write_file(tree, rel, data)
+        elif os.path.lexists(tree / rel):
+            notes.append(f"[grading] removed {rel}")
+            remove_entry(tree / rel)
+
+    # Test directories: replaced wholesale by the task's.
+    for root in graded_roots(task):
+        src, dst = original / root, tree / root
+        if src.is_dir():
+            wanted = {p.relative_to(original).as_posix() for p in _files(src)}
+            present = {p.relative_to(tree).as_posix() for p in _files(dst)} if _is_real_dir(dst) else set()
+            if not _is_real_dir(dst) and os.path.lexists(dst):
+                remove_entry(dst)
+            for rel in sorted(present - wanted):
+                put_back(rel)
+            for rel in sorted(wanted):
+                put_back(rel)
+        else:
+            put_back(root)
+    # conftest.py anywhere, pytest configuration and interpreter start-up hooks at the root.
+    for path in _files(tree):
+        rel = path.relative_to(tree).as_posix()
+        name = path.name
+        if name == "conftest.py" or name.endswith(".pth") or Path(name).stem in STARTUP_MODULES:
+            put_back(rel)
+    for name in CONFIG_FILES:
+        put_back(name)
+    for entry in sorted(os.listdir(tree)):
+        if not os.path.lexists(original / entry) and _shadows(tree / entry):
+            notes.append(f"[grading] removed {entry} (shadows an installed module)")
+            remove_entry(tree / entry)
+    for path in sorted(_all_entries(tree), reverse=True):
+        if path.name == "__pycache__" or path.suffix == ".pyc":
+            remove_entry(path)
+    report = junit_path(task.test_cmd)
+    if report is not None:
+        inside = _inside(report)
+        if inside is not None and os.path.lexists(tree / inside):
+            remove_entry(tree / inside)
+    if task.test_patch:
+        try:
+            apply_patch(tree, task.test_patch)
+        except PatchError as e:
+            notes.append(f"[grading] test_patch did not apply: {e}")
+    return notes
+
+
+def _regular(path: Path) -> bool:
+    """A regular file, not a link, pipe or device (those could point out of the tree or block a read)."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def _same(path: Path, data: bytes) -> bool:
+    try:
+        return _regular(path) and path.lstat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
+
+
+def _is_real_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def _all_entries(root: Path) -> list[Path]:
+    """Every entry under `root` (files, links, directories), never following symbolic links."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        out += [base / d for d in dirnames] + [base / f for f in filenames]
+    return out
+
+
+def _files(root: Path) -> list[Path]:
+    """Files and symbolic links under `root` (not following links), skipping caches."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _IGNORED_DIRS]
+        base = Path(dirpath)
+        out += [base / f for f in filenames]
+        out += [base / d for d in dirnames if (base / d).is_symlink()]
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_modules() -> frozenset[str]:
+    names = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+    names |= set(importlib.metadata.packages_distributions())
+    return frozenset(names)
+
+
+def _shadows(path: Path) -> bool:
+    """Whether a root-level entry is importable under the name of a standard-library or installed module."""
+    name = path.name
+    if path.is_dir() and not path.is_symlink():
+        module = name if (path / "__init__.py").exists() or (path / "__init__.pyc").exists() else None
+    else:
+        module = name.split(".")[0] if re.search(r"\.(py|pyc|so|pyd)$", name) else None
+    if module is None:
+        return False
+    return module in _installed_modules() or module in STARTUP_MODULES
+
+
+def _inside(report: str) -> str | None:
+    """The repository-relative form of a junit path (relative, or absolute under SANDBOX_ROOT)."""
+    if report.startswith(SANDBOX_ROOT + "/"):
+        report = report[len(SANDBOX_ROOT) + 1 :]
+    if os.path.isabs(report):
+        return None
+    try:
+        safe_path(Path("/"), report)
+    except PatchError:
+        return None
+    return report
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+
+def _source_files(root: Path) -> dict[str, Path]:
+    return {p.relative_to(root).as_posix(): p for p in _files(root) if p.suffix == ".py" and _regular(p)}
+
+
+def tamper_suspects(task: Task, tree: Path) -> list[str]:
+    """Changed or new .py files outside the test directories whose text gains a TAMPER_TOKENS word."""
+    roots = set(graded_roots(task))
+    original = _source_files(task.repo)
+    out = []
+    for rel, path in sorted(_source_files(tree).items()):
+        if rel.split("/")[0] in roots:
+            continue
+        try:
+            with open(path, "rb") as f:
+                text = f.read(MAX_SOURCE_BYTES).decode(errors="replace")
+        except OSError:
+            continue
+        before = original[rel].read_text() if rel in original else ""
+        if text != before and any(text.count(t) > before.count(t) for t in TAMPER_TOKENS):
+            out.append(rel)
+    return out
+
+
+def unrelated_edits(task: Task, workspace: Path, edited_files: Iterable[str] | None) -> list[str]:
+    """Edited files (see `grade`) that the gold patch does not touch."""
+    gold = set(patch_paths(task.patch))
+    if edited_files is None:
+        edited = set(changed_files(task.repo, workspace, ignore=junit_path(task.test_cmd)))
+    else:
+        edited = {_relative(p, workspace) for p in edited_files}
+    return sorted(edited - gold)
+
+
+def _relative(path: str, workspace: Path) -> str:
+    for prefix in (SANDBOX_ROOT, str(workspace)):
+        if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+            path = path[len(prefix) :]
+    return path.strip("/").removeprefix("./")
+
+
+def changed_files(original: Path, tree: Path, ignore: str | None = None) -> list[str]:
+    """Files added, removed or changed in `tree` relative to `original` (caches and `ignore` left out)."""
+    a = {p.relative_to(original).as_posix(): p for p in _files(original)}
+    b = {p.relative_to(tree).as_posix(): p for p in _files(tree)}
+    out = []
+    for rel in sorted(set(a) | set(b)):
+        if rel == ignore or rel.endswith(".pyc"):
+            continue
+        if rel not in a or rel not in b or not _same(b[rel], a[rel].read_bytes()):
+            out.append(rel)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- reports
+
+
+def read_outcomes(task: Task, tree: Path) -> dict[str, str]:
+    """Outcome of every graded test from the junit report in `tree` ('missing' if absent)."""
+    tests = {t: "missing" for t in task.tests}
+    report = junit_path(task.test_cmd)
+    inside = _inside(report) if report else None
+    if inside is None:
+        return tests
+    path = tree / inside
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_REPORT_BYTES:
+        return tests
+    try:
+        root = ET.fromstring(path.read_bytes())
+    except ET.ParseError:
+        return tests
+    keys = {_junit_key(t): t for t in task.tests}
+    rank = {o: i for i, o in enumerate(("passed", "skipped", "failed", "error"))}
+    for case in root.iter("testcase"):
+        node = keys.get((case.get("classname", ""), case.get("name", "")))
+        if node is None:
+            continue
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+                break
+        if tests[node] == "missing" or rank[outcome] > rank[tests[node]]:
+            tests[node] = outcome
+    return tests
+
+
+def _junit_key(node_id: str) -> tuple[str, str]:
+    """(classname, name) that pytest's junit report gives node `node_id`."""
+    path, *parts = node_id.split("::")
+    module = path[:-3] if path.endswith(".py") else path
+    classname = ".".join([module.replace("/", "."), *parts[:-1]])
+    return classname, parts[-1] if parts else ""

@@ -1,0 +1,124 @@
+"""Command line for task suites (stable: other tools script it).
+
+    python -m env.tasks generate --out DIR --count N --seed S [--difficulty D] [--split train|heldout]
+        writes DIR/<instance_id>/ for the seeds split_seed(split, S + i), i < N, one progress line each,
+        then a summary line.
+    python -m env.tasks grade --task DIR/ID --workspace WS
+        grades WS (a copy of the task's repo, edited) and prints one JSON object:
+        {"instance_id", "reward", "tests": {node id: outcome}, "components": {...}, "output"}.
+    python -m env.tasks solve --task DIR/ID [--chat]
+        runs the scripted expert and prints the conversation (readable, or with --chat as the model sees
+        it), then one JSON line {"instance_id", "reward", "n_turns", "family"}.
+
+Exit status: 0 on success (for grade and solve: whatever the reward), 2 on bad arguments or tasks.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from env.tasks.generator import SPLITS, generate_suite
+from env.tasks.task import TaskError, load_task
+
+
+def _generate(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+
+    def progress(i: int, task, seconds: float) -> None:
+        meta = task.metadata
+        print(
+            f"[{i + 1}/{args.count}] {task.instance_id} family={meta['family']} "
+            f"fail_to_pass={len(task.FAIL_TO_PASS)} pass_to_pass={len(task.PASS_TO_PASS)} {seconds:.2f}s",
+            flush=True,
+        )
+
+    tasks = generate_suite(Path(args.out), args.count, args.seed, args.difficulty, args.split, progress)
+    elapsed = time.perf_counter() - t0
+    per = elapsed / max(len(tasks), 1)
+    print(f"generated {len(tasks)} tasks in {args.out} in {elapsed:.1f}s ({per:.2f}s per task)", flush=True)
+    return 0
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from env.reward import grade
+
+    task = load_task(args.task)
+    workspace = Path(args.workspace)
+    if not workspace.is_dir():
+        raise TaskError(f"workspace {workspace} is not a directory")
+    result = grade(task, workspace, isolation=args.isolation)
+    out = {
+        "instance_id": task.instance_id,
+        "reward": result.reward,
+        "tests": result.tests,
+        "components": result.components,
+        "output": result.output,
+    }
+    print(json.dumps(out))
+    return 0
+
+
+def _solve(args: argparse.Namespace) -> int:
+    from composer.chat import render_text
+    from env.expert import solve
+
+    task = load_task(args.task)
+    trajectory = solve(task, isolation=args.isolation)
+    if args.chat:
+        print(render_text(trajectory.messages))
+    else:
+        for m in trajectory.messages:
+            print(f"### {m.role}")
+            if m.content:
+                print(m.content)
+            for call in m.tool_calls:
+                print(f"-> {call.name} {json.dumps(call.arguments, ensure_ascii=False)}")
+            print()
+    summary = {
+        "instance_id": task.instance_id,
+        "reward": trajectory.reward,
+        "n_turns": trajectory.n_turns,
+        "family": trajectory.family,
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m env.tasks", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("generate", help="generate a suite of verified tasks")
+    p.add_argument("--out", required=True, help="directory to write the tasks into")
+    p.add_argument("--count", type=int, required=True, help="number of tasks")
+    p.add_argument("--seed", type=int, required=True, help="index of the first seed within the split")
+    p.add_argument("--difficulty", type=int, default=1, choices=range(1, 6), help="1 (default) .. 5")
+    p.add_argument("--split", default="train", choices=sorted(SPLITS), help="seed range (default train)")
+    p.set_defaults(run=_generate)
+    p = commands.add_parser("grade", help="grade a workspace against a task; prints one JSON object")
+    p.add_argument("--task", required=True, help="the task directory (holding task.json and repo/)")
+    p.add_argument("--workspace", required=True, help="the workspace to grade")
+    p.add_argument(
+        "--isolation", default="auto", help="sandbox isolation: auto (default), bwrap, unshare, none"
+    )
+    p.set_defaults(run=_grade)
+    p = commands.add_parser("solve", help="run the scripted expert on a task and print the conversation")
+    p.add_argument("--task", required=True, help="the task directory")
+    p.add_argument("--chat", action="store_true", help="print the conversation as the model sees it")
+    p.add_argument(
+        "--isolation", default="auto", help="sandbox isolation: auto (default), bwrap, unshare, none"
+    )
+    p.set_defaults(run=_solve)
+    args = parser.parse_args(argv)
+    if getattr(args, "count", 1) < 0:
+        parser.error("--count must not be negative")
+    try:
+        return args.run(args)
+    except (TaskError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,679 @@
+"""The procedural task generator: small Python repositories with one injected bug and a pytest suite.
+
+One task from (seed, difficulty):
+
+1. DRAFT: pick a domain (domains.py) and, growing with difficulty, unrelated one-module side domains as
+   distractors; draw every name, constant and test value from a `random.Random` seeded by (seed,
+   difficulty, attempt); lay the call layers out as modules (difficulty 1: helpers in one module beside the
+   entry point; from 2: leaves, helpers and entry point each in their own module); render the package and
+   compute every test's expected value by running the correct code (probe.py).
+2. BUG: the family is fixed by the seed (`FAMILIES[seed % 8]`, so consecutive seeds cover every family).
+   Candidates of that family (families.py) in functions at the wanted call depth below the tested entry
+   points (difficulty 1: the entry point itself; 2: one call below, in another module; 3 and up: two calls
+   below) are tried until one makes at least one test fail while others still pass. Failures that show a
+   wrong value are preferred over ones that raise.
+3. REPORT: the problem statement is a user's bug report built from one failing test: the snippet they ran
+   (only public entry points), what it returned or raised, and the correct value. It never names the file or
+   function to fix; a draft whose report would is dropped.
+4. VERIFY: the written repository is run in a fresh interpreter (probe.run_tests): the buggy tree must fail
+   exactly FAIL_TO_PASS and pass PASS_TO_PASS; the tree with the gold patch applied must pass all. A draft
+   that fails any step is dropped and the next attempt (a new sub-seed) is drawn.
+
+Everything is a function of (seed, difficulty): the same call writes byte-identical files.
+"""
+
+import ast
+import collections
+import dataclasses
+import json
+import random
+import re
+import shutil
+import string
+import tempfile
+import time
+from pathlib import Path
+
+from env.tasks import domains as dom
+from env.tasks import probe
+from env.tasks.diffs import PatchError, apply_patch, make_tree_diff
+from env.tasks.families import FAMILIES, mutations
+from env.tasks.task import Task, save_task
+
+GENERATOR_VERSION = 1
+# Disjoint seed ranges of the two splits: split_seed(split, i) is the i-th seed of a split.
+TRAIN_SEEDS = range(0, 1_000_000)
+HELDOUT_SEEDS = range(1_000_000, 2_000_000)
+SPLITS = {"train": TRAIN_SEEDS, "heldout": HELDOUT_SEEDS}
+# Plugin autoload off: only pytest's built-in plugins run (whatever else the machine has installed), which
+# also makes a run 4-5x faster here. The junit report is written inside the repository, where grading reads
+# it.
+JUNIT_PATH = ".junit.xml"
+TEST_CMD = (
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -q --tb=short -p no:cacheprovider "
+    f"--junitxml={JUNIT_PATH} tests"
+)
+TIMEOUT_S = 60.0
+MAX_ATTEMPTS = 40
+# difficulty -> (call depth of the bug below the tested entry point, number of side-domain modules)
+_LAYOUT = {1: (0, 1), 2: (1, 1), 3: (2, 2), 4: (2, 3), 5: (2, 4)}
+
+
+class _Reject(Exception):
+    """This draft cannot make a good task; draw the next attempt."""
+
+
+def split_seed(split: str, i: int) -> int:
+    """The `i`-th seed of `split` ('train' or 'heldout')."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}: use one of {sorted(SPLITS)}")
+    seeds = SPLITS[split]
+    if not 0 <= i < len(seeds):
+        raise ValueError(f"seed index {i} is outside split {split!r} ({len(seeds)} seeds)")
+    return seeds[i]
+
+
+def split_of(seed: int) -> str:
+    for name, seeds in SPLITS.items():
+        if seed in seeds:
+            return name
+    raise ValueError(f"seed {seed} belongs to no split")
+
+
+# ---------------------------------------------------------------------------------------------- drafting
+
+
+@dataclasses.dataclass
+class _Test:
+    file: str  # repository-relative test file
+    name: str  # test function name
+    about: str
+    setup: list[str]
+    expr: str
+    raises: str | None
+    expected: object = None
+
+    @property
+    def node_id(self) -> str:
+        return f"{self.file}::{self.name}"
+
+
+@dataclasses.dataclass
+class _Draft:
+    rng: random.Random
+    difficulty: int
+    domain: dom.Domain
+    package: str
+    names: dict[str, str]  # role -> name
+    module_of: dict[str, str]  # role -> module (without the package)
+    sources: dict[str, str]  # dotted module name -> text
+    tests: list[_Test]
+    headers: dict[str, str]  # test file -> its import lines
+    exports: list[str]  # names the package exports
+
+
+def _lit(value) -> str:
+    """A Python literal for `value`, strings in double quotes (the house style of the generated code)."""
+    if isinstance(value, str):
+        return (
+            '"' + value.replace("\\", "\\\\") + '"' if '"' not in value and "\n" not in value else repr(value)
+        )
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_lit, value)) + "]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(_lit, value)) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_lit(k)}: {_lit(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _is_literal(value) -> bool:
+    try:
+        back = ast.literal_eval(_lit(value))
+    except (ValueError, SyntaxError):
+        return False
+    return back == value and _lit(back) == _lit(value)
+
+
+def _draw_names(rng: random.Random, parts: list[dom.Domain]) -> dict[str, str]:
+    names: dict[str, str] = {}
+    used: set[str] = set()
+    for d in parts:
+        for role, options in d.names.items():
+            free = [o for o in options if o not in used]
+            if not free:
+                raise _Reject(f"no free name for {role}")
+            names[role] = rng.choice(free)
+            used.add(names[role])
+        for const, options in d.consts.items():
+            names[const] = str(rng.choice(options))
+    return names
+
+
+def _refs(src: str, names: dict[str, str]) -> list[str]:
+    return [r for r in dict.fromkeys(re.findall(r"\$\{(\w+)\}", src)) if r in names and not r.isupper()]
+
+
+def _draft(rng: random.Random, difficulty: int) -> _Draft:
+    depth, n_side = _LAYOUT[min(difficulty, 5)]
+    domain = rng.choice(dom.DOMAINS)
+    sides = rng.sample(dom.SIDE_DOMAINS, n_side)
+    names = _draw_names(rng, [domain, *sides])
+    package = rng.choice(domain.packages)
+
+    # Module layout: layer -> module name.
+    layer_module = {2: rng.choice(domain.modules[2])}
+    if difficulty == 1:
+        layer_module[0] = layer_module[1] = rng.choice(domain.modules[1])
+    else:
+        layer_module[0] = rng.choice(domain.modules[0])
+        layer_module[1] = rng.choice(domain.modules[1])
+    side_module = {}
+    taken = set(layer_module.values())
+    for side in sides:
+        free = [m for m in side.modules[2] if m not in taken]
+        side_module[side.key] = rng.choice(free)
+        taken.add(side_module[side.key])
+
+    # Difficulty 1 keeps only the functions the entry points need; higher ones keep unused ones (distractors).
+    fns = list(domain.functions)
+    if difficulty == 1:
+        needed = {f.role for f in fns if f.layer == 2}
+        frontier = list(needed)
+        by_role = {f.role: f for f in fns}
+        while frontier:
+            for ref in _refs(by_role[frontier.pop()].src, names):
+                if ref in by_role and ref not in needed:
+                    needed.add(ref)
+                    frontier.append(ref)
+        fns = [f for f in fns if f.role in needed]
+
+    module_of: dict[str, str] = {}
+    placed: dict[str, list[dom.Fn]] = collections.defaultdict(list)  # module -> its functions and classes
+    docs: dict[str, str] = {}
+    for f in fns:
+        module = layer_module[f.layer]
+        module_of[f.role] = module
+        placed[module].append(f)
+        docs.setdefault(module, domain.module_docs[f.layer])
+    if difficulty == 1:
+        docs[layer_module[1]] = (
+            domain.module_docs[0].rstrip(".")
+            + "; "
+            + domain.module_docs[1][0].lower()
+            + (domain.module_docs[1][1:])
+        )
+    for side in sides:
+        module = side_module[side.key]
+        docs[module] = side.module_docs[2]
+        for f in side.functions:
+            module_of[f.role] = module
+            placed[module].append(f)
+    # Methods belong to their class's module (roles used only inside a class template).
+    for f in [*fns, *(f for s in sides for f in s.functions)]:
+        if f.src.lstrip().startswith("class "):
+            for role in re.findall(r"def \$\{(\w+)\}", f.src):
+                module_of[role] = module_of[f.role]
+
+    mapping = dict(names)
+    sources: dict[str, str] = {}
+    for module, members in placed.items():
+        if difficulty >= 2 and len(members) > 2:
+            members = members[:]
+            rng.shuffle(members)
+        sources[f"{package}.{module}"] = _render_module(docs[module], members, mapping, module_of, module)
+    exports = [names[f.role] for f in fns if f.layer == 2]
+    export_lines = [f"from .{layer_module[2]} import {', '.join(sorted(exports))}"]
+    for side in sides:
+        side_names = sorted(names[f.role] for f in side.functions)
+        exports += side_names
+        export_lines.append(f"from .{side_module[side.key]} import {', '.join(side_names)}")
+    init = f'"""{domain.doc}"""\n\n' + "\n".join(sorted(export_lines)) + "\n\n__all__ = ["
+    init += ", ".join(f'"{n}"' for n in sorted(exports)) + "]\n"
+    sources[package] = init
+
+    tests = []
+    for d, module in [(domain, layer_module[2]), *((s, side_module[s.key]) for s in sides)]:
+        scenarios = list(d.scenarios)
+        drop = rng.randint(0, max(0, len(scenarios) - 4)) if d is domain else rng.randint(0, 1)
+        for _ in range(min(drop, 2)):
+            scenarios.pop(rng.randrange(len(scenarios)))
+        for sc in scenarios:
+            tests.append(_scenario(rng, sc, mapping, f"tests/test_{module}.py"))
+    headers = {}
+    for file in dict.fromkeys(t.file for t in tests):
+        code = "\n".join(line for t in tests if t.file == file for line in [*t.setup, t.expr])
+        used = [n for n in sorted(exports) if re.search(rf"\b{re.escape(n)}\b", code)]
+        lines = ["import pytest", ""] if any(t.raises for t in tests if t.file == file) else []
+        headers[file] = "\n".join([*lines, f"from {package} import {', '.join(used)}"]) + "\n"
+    return _Draft(
+        rng, difficulty, domain, package, names, module_of, sources, tests, headers, sorted(exports)
+    )
+
+
+def _render_module(doc: str, members: list[dom.Fn], mapping: dict, module_of: dict, module: str) -> str:
+    imports: dict[str, set[str]] = collections.defaultdict(set)
+    for f in members:
+        for role in _refs(f.src, mapping):
+            other = module_of.get(role)
+            if other is not None and other != module and not _is_method(role, members):
+                imports[other].add(mapping[role])
+    head = [f'"""{doc}"""']
+    if imports:
+        head.append("\n".join(f"from .{m} import {', '.join(sorted(n))}" for m, n in sorted(imports.items())))
+    body = [string.Template(f.src.strip("\n")).substitute(mapping) for f in members]
+    return "\n\n".join(head) + "\n\n\n" + "\n\n\n".join(body) + "\n"
+
+
+def _is_method(role: str, members: list[dom.Fn]) -> bool:
+    return any(f"def ${{{role}}}" in f.src for f in members)
+
+
+def _scenario(rng: random.Random, sc: dom.Scenario, mapping: dict, file: str) -> _Test:
+    drawn: dict[str, object] = {}
+    for key, gen in sc.values.items():
+        drawn[key] = gen.fn(drawn) if isinstance(gen, dom.Derived) else gen(rng)
+    full = {**mapping, **{k: _lit(v) for k, v in drawn.items()}}
+    sub = lambda s: string.Template(s).substitute(full)
+    return _Test(
+        file=file,
+        name="test_" + string.Template(sc.name).substitute(mapping),
+        about=sc.about,
+        setup=[sub(line) for line in sc.setup],
+        expr=sub(sc.expr),
+        raises=sc.raises,
+    )
+
+
+def _outcomes(draft: _Draft, sources: dict[str, str]) -> list[probe.Outcome]:
+    return probe.evaluate(
+        sources,
+        header="",
+        setups=[[*draft.headers[t.file].splitlines(), *t.setup] for t in draft.tests],
+        exprs=[t.expr for t in draft.tests],
+        raises=[t.raises is not None for t in draft.tests],
+    )
+
+
+def _passes(test: _Test, outcome: probe.Outcome) -> bool:
+    if test.raises is not None:
+        return outcome.error_type == test.raises
+    if outcome.error is not None:
+        return False
+    if test.expected is None or isinstance(test.expected, bool):
+        return outcome.value is test.expected
+    try:
+        return bool(outcome.value == test.expected)
+    except Exception:
+        return False
+
+
+def _fix_expectations(draft: _Draft) -> None:
+    """Runs the correct code; keeps the scenarios that behave (value is a literal, raises what it should)."""
+    kept = []
+    for test, outcome in zip(draft.tests, _outcomes(draft, draft.sources)):
+        if test.raises is not None:
+            if outcome.error_type == test.raises:
+                kept.append(test)
+        elif outcome.error is None and _is_literal(outcome.value):
+            test.expected = outcome.value
+            kept.append(test)
+    names = [t.node_id for t in kept]
+    if len(kept) < 4 or len(set(names)) != len(names):
+        raise _Reject("too few usable tests")
+    draft.tests = kept
+
+
+# ------------------------------------------------------------------------------------------- call graph
+
+
+def _call_graph(draft: _Draft) -> tuple[dict[str, set[str]], dict[str, str], dict[str, str], dict[str, str]]:
+    """(qualname -> qualnames it calls, qualname -> dotted module, function or class name -> qualname (a
+    class: its __init__), method name -> qualname)."""
+    top: dict[str, str] = {}
+    methods: dict[str, str] = {}
+    where: dict[str, str] = {}
+    bodies: dict[str, ast.AST] = {}
+    for module, text in draft.sources.items():
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef):
+                top[node.name] = node.name
+                where[node.name], bodies[node.name] = module, node
+            elif isinstance(node, ast.ClassDef):
+                top[node.name] = f"{node.name}.__init__"
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef):
+                        qual = f"{node.name}.{item.name}"
+                        if item.name != "__init__":
+                            methods[item.name] = qual
+                        where[qual], bodies[qual] = module, item
+    graph = {q: _calls(body, top, methods) for q, body in bodies.items()}
+    return graph, where, top, methods
+
+
+def _calls(node: ast.AST, top: dict[str, str], methods: dict[str, str]) -> set[str]:
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            if isinstance(n.func, ast.Name) and n.func.id in top:
+                out.add(top[n.func.id])
+            elif isinstance(n.func, ast.Attribute) and n.func.attr in methods:
+                out.add(methods[n.func.attr])
+    return out
+
+
+def _distances(graph: dict[str, set[str]], starts: set[str]) -> dict[str, int]:
+    dist = {s: 0 for s in starts}
+    frontier = list(starts)
+    while frontier:
+        nxt = []
+        for q in frontier:
+            for callee in graph.get(q, ()):
+                if callee not in dist:
+                    dist[callee] = dist[q] + 1
+                    nxt.append(callee)
+        frontier = nxt
+    return dist
+
+
+def _chain(graph: dict[str, set[str]], starts: set[str], target: str) -> list[str]:
+    """A shortest call path from one of `starts` to `target`."""
+    parent: dict[str, str | None] = {s: None for s in sorted(starts)}
+    frontier = sorted(starts)
+    while frontier and target not in parent:
+        nxt = []
+        for q in frontier:
+            for callee in sorted(graph.get(q, ())):
+                if callee not in parent:
+                    parent[callee] = q
+                    nxt.append(callee)
+        frontier = nxt
+    path = [target]
+    while parent[path[-1]] is not None:
+        path.append(parent[path[-1]])
+    return path[::-1]
+
+
+# ------------------------------------------------------------------------------------------------- the bug
+
+
+@dataclasses.dataclass
+class _Bug:
+    qualname: str
+    module: str  # dotted
+    buggy_source: str
+    line: int
+    description: str
+    failing: list[int]  # indices into draft.tests
+    outcomes: list[probe.Outcome]
+    chain: list[str]
+    shown: int  # the failing test the report describes
+    where: dict[str, str]  # qualname -> dotted module
+
+
+def _find_bug(draft: _Draft, family: str) -> _Bug:
+    graph, where, top, methods = _call_graph(draft)
+    depth = _LAYOUT[min(draft.difficulty, 5)][0]
+    called = [_calls(ast.parse("\n".join([*t.setup, t.expr])), top, methods) for t in draft.tests]
+    dists = [_distances(graph, c) for c in called]
+    candidates = sorted(q for q in graph if any(d.get(q) == depth for d in dists))
+    draft.rng.shuffle(candidates)
+    callables = frozenset(top) | frozenset(methods)
+    fallback = None
+    tries = 0
+    for qual in candidates:
+        module = where[qual]
+        muts = mutations(draft.sources[module], qual, family, callables)
+        draft.rng.shuffle(muts)
+        for m in muts[:10]:
+            tries += 1
+            if tries > 60:
+                break
+            sources = {**draft.sources, module: m.source}
+            outcomes = _outcomes(draft, sources)
+            failing = [i for i, (t, o) in enumerate(zip(draft.tests, outcomes)) if not _passes(t, o)]
+            if not failing or len(failing) == len(draft.tests):
+                continue
+            if min(dists[i].get(qual, 99) for i in failing) != depth:
+                continue
+            test_modules = {where[q] for i in failing for q in called[i]}
+            if depth > 0 and module in test_modules:
+                continue
+            value_fails = [i for i in failing if draft.tests[i].raises is None and outcomes[i].error is None]
+            reached = [i for i in failing if dists[i].get(qual) == depth]
+            shown = next((i for i in reached if i in value_fails), reached[0])
+            bug = _Bug(
+                qual,
+                module,
+                m.source,
+                m.line,
+                m.description,
+                failing,
+                outcomes,
+                _chain(graph, called[shown], qual),
+                shown,
+                where,
+            )
+            if value_fails:
+                return bug
+            fallback = fallback or bug
+    if fallback is None:
+        raise _Reject(f"no {family} bug at depth {depth}")
+    return fallback
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+_TITLES = (
+    "Wrong result for {about}",
+    "Unexpected value for {about}",
+    "Bug: wrong value for {about}",
+    "Problem with {about}",
+    "Incorrect result for {about}",
+)
+_INTROS = ("Steps to reproduce:", "I ran this:", "Minimal example:", "To reproduce:", "Here is what I did:")
+_CLOSINGS = ("", "", "Other calls seem fine.", "Could you take a look?", "The rest of the package works.")
+
+
+def _statement(draft: _Draft, bug: _Bug) -> str:
+    rng = draft.rng
+    test = draft.tests[bug.shown]
+    outcome = bug.outcomes[bug.shown]
+    title = rng.choice(_TITLES).format(about=test.about)
+    used = [n for n in re.findall(r"\b\w+\b", "\n".join([*test.setup, test.expr])) if n in draft.exports]
+    header = f"from {draft.package} import {', '.join(sorted(set(used)))}\n"
+    if test.raises is not None:
+        code = [*test.setup, test.expr]
+        if outcome.error is not None:
+            result = f"The last line raises `{outcome.error}` instead of a `{test.raises}`."
+        else:
+            result = f"I expected the last line to raise a `{test.raises}`, but no error is raised."
+    else:
+        code = [*test.setup, f"result = {test.expr}"]
+        want = _lit(test.expected)
+        if outcome.error is not None:
+            result = f"The last line raises `{outcome.error}`; `result` should be `{want}`."
+        else:
+            got = _lit(outcome.value)
+            result = rng.choice(
+                (
+                    f"`result` is `{got}`, but it should be `{want}`.",
+                    f"I get `{got}` for `result`; the correct value is `{want}`.",
+                    f"Expected `result == {want}`, got `{got}`.",
+                )
+            )
+    snippet = header + "\n" + "\n".join(code)
+    closing = rng.choice(_CLOSINGS)
+    parts = [title, "", rng.choice(_INTROS), "", "```python", snippet, "```", "", result]
+    if closing:
+        parts += ["", closing]
+    return "\n".join(parts)
+
+
+def _leaks(draft: _Draft, bug: _Bug, statement: str) -> bool:
+    """Whether the report names the file or function to fix (beyond the entry points the user called)."""
+    called_names = {q.split(".")[-1] for q in bug.chain[:1]} | {q.split(".")[0] for q in bug.chain[:1]}
+    fn_name = bug.qualname.split(".")[-1]
+    module = bug.module.split(".")[-1]
+    if fn_name not in called_names and re.search(rf"\b{re.escape(fn_name)}\b", statement):
+        return True
+    return f"{module}.py" in statement or bug.module in statement
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+
+def _repo_files(draft: _Draft, sources: dict[str, str]) -> dict[str, str]:
+    files = {}
+    for module, text in sources.items():
+        rel = module.replace(".", "/") + ("/__init__.py" if "." not in module else ".py")
+        files[rel] = text
+    for file, header in draft.headers.items():
+        funcs = []
+        for t in draft.tests:
+            if t.file != file:
+                continue
+            lines = [f"def {t.name}():", *(f"    {line}" for line in t.setup)]
+            if t.raises is not None:
+                lines += [f"    with pytest.raises({t.raises}):", f"        {t.expr}"]
+            elif t.expected is None or isinstance(t.expected, bool):
+                lines += [f"    result = {t.expr}", f"    assert result is {t.expected!r}"]
+            else:
+                lines += [f"    result = {t.expr}", f"    assert result == {_lit(t.expected)}"]
+            funcs.append("\n".join(lines))
+        files[file] = header + "\n\n" + "\n\n\n".join(funcs) + "\n"
+    return files
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel in sorted(files):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[rel])
+
+
+def generate_task(seed: int, difficulty: int, out_dir: Path | str, split: str = "train") -> Task:
+    """Generates, writes (to `out_dir / instance_id`) and verifies one task. Deterministic by (seed,
+    difficulty); `seed` must lie in `split`'s seed range."""
+    if split_of(seed) != split:
+        raise ValueError(f"seed {seed} is not in split {split!r} (use split_seed)")
+    if not 1 <= difficulty <= 5:
+        raise ValueError(f"difficulty must be 1..5, not {difficulty}")
+    family = FAMILIES[seed % len(FAMILIES)]
+    reasons = collections.Counter()
+    for attempt in range(MAX_ATTEMPTS):
+        rng = random.Random(f"composer-task/{GENERATOR_VERSION}/{seed}/{difficulty}/{attempt}")
+        try:
+            draft = _draft(rng, difficulty)
+            _fix_expectations(draft)
+            bug = _find_bug(draft, family)
+            statement = _statement(draft, bug)
+            if _leaks(draft, bug, statement):
+                raise _Reject("report names the fix location")
+        except _Reject as e:
+            reasons[str(e)] += 1
+            continue
+        task = _write(draft, bug, statement, family, seed, difficulty, split, attempt, Path(out_dir))
+        problem = verify(task)
+        if problem is None:
+            return task
+        reasons[problem] += 1
+        shutil.rmtree(task.path)
+    raise RuntimeError(f"no valid task for seed {seed} difficulty {difficulty} ({family}): {dict(reasons)}")
+
+
+def _write(draft, bug, statement, family, seed, difficulty, split, attempt, out_dir: Path) -> Task:
+    correct = _repo_files(draft, draft.sources)
+    buggy = _repo_files(draft, {**draft.sources, bug.module: bug.buggy_source})
+    patch = make_tree_diff(buggy, correct)
+    instance_id = f"{draft.package}__d{difficulty}-{seed}"
+    path = out_dir / instance_id
+    if path.exists():
+        shutil.rmtree(path)
+    _write_tree(path / "repo", buggy)
+    fail = [draft.tests[i].node_id for i in bug.failing]
+    passing = [t.node_id for i, t in enumerate(draft.tests) if i not in bug.failing]
+    rel = bug.module.replace(".", "/") + ".py"
+    metadata = {
+        "generator_version": GENERATOR_VERSION,
+        "family": family,
+        "difficulty": difficulty,
+        "seed": seed,
+        "split": split,
+        "attempt": attempt,
+        "domain": draft.domain.key,
+        "package": draft.package,
+        "bug": {
+            "file": rel,
+            "function": bug.qualname,
+            "line": bug.line,
+            "description": bug.description,
+            "depth": len(bug.chain) - 1,
+            # The call path from the entry point the report shows down to the buggy function, with files.
+            "chain": [{"function": q, "file": bug.where[q].replace(".", "/") + ".py"} for q in bug.chain],
+        },
+        "shown_test": draft.tests[bug.shown].node_id,
+        "files": sorted(buggy),
+    }
+    task = Task(
+        instance_id=instance_id,
+        problem_statement=statement,
+        test_cmd=TEST_CMD,
+        FAIL_TO_PASS=fail,
+        PASS_TO_PASS=passing,
+        patch=patch,
+        test_patch="",
+        timeout_s=TIMEOUT_S,
+        path=path,
+        metadata=metadata,
+    )
+    save_task(task)
+    return task
+
+
+def verify(task: Task) -> str | None:
+    """None if the buggy repository fails exactly FAIL_TO_PASS (and passes PASS_TO_PASS) and the gold patch
+    makes every test pass; else what is wrong. Runs the tests in a fresh interpreter."""
+    with tempfile.TemporaryDirectory(prefix="composer-verify-") as tmp:
+        gold = Path(tmp) / "gold"
+        shutil.copytree(task.repo, gold)
+        try:
+            apply_patch(gold, task.patch)
+        except PatchError as e:
+            return f"gold patch does not apply: {e}"
+        try:
+            buggy_run, gold_run = probe.run_tests([task.repo, gold])
+        except Exception as e:  # a hang, a crash of the runner
+            return f"runner: {type(e).__name__}"
+    expected = set(task.tests)
+    if set(buggy_run) != expected or set(gold_run) != expected:
+        return "collected tests differ from the task's"
+    failing = {t for t, s in buggy_run.items() if s != "passed"}
+    if failing != set(task.FAIL_TO_PASS):
+        return "buggy repository fails other tests than FAIL_TO_PASS"
+    if any(s != "passed" for s in gold_run.values()):
+        return "gold patch leaves failing tests"
+    return None
+
+
+def generate_suite(
+    out: Path | str, count: int, seed: int, difficulty: int, split: str = "train", progress=None
+) -> list[Task]:
+    """`count` tasks with the seeds split_seed(split, seed + i). `progress(i, task, seconds)` is called
+    after each one when given."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = []
+    for i in range(count):
+        t0 = time.perf_counter()
+        task = generate_task(split_seed(split, seed + i), difficulty, out, split)
+        tasks.append(task)
+        if progress is not None:
+            progress(i, task, time.perf_counter() - t0)
+    (out / "suite.json").write_text(
+        json.dumps(
+            {"split": split, "seed": seed, "difficulty": difficulty, "tasks": [t.instance_id for t in tasks]}
+        )
+        + "\n"
+    )
+    return tasks

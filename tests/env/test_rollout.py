@@ -1,0 +1,308 @@
+"""The episode state machine and the drivers, against an in-process pool (no processes, no sandboxes).
+
+The real pool (worker processes, sandboxes, grading) is tested in test_rollout_pool.py.
+"""
+
+import dataclasses
+import types
+
+import pytest
+
+from composer import chat
+from composer import tokenizer as tk
+from composer.chat import CallError, Message, ToolCall
+from env.rollout import Event, RolloutLimits, RolloutPool, iter_groups, run_episodes, run_episodes_sync
+from env.rollout.engines import ScriptedEngine, fake_logprob, turn_ids
+from env.rollout.episode import first_edit_after_read
+
+LIMITS = RolloutLimits(max_turns=8, max_episode_tokens=4096, max_turn_tokens=256, episode_timeout_s=1e9)
+READ = ToolCall("read_file", {"target_file": "src/stats.py"})
+GREP = ToolCall("grep", {"pattern": "def mean", "path": "src"})
+EDIT = ToolCall("search_replace", {"file_path": "src/stats.py", "old_string": "a - b", "new_string": "a + b"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    text: str
+    is_error: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Grade:
+    reward: float
+    components: dict
+
+
+class FakePool(RolloutPool):
+    """Answers every call at the next poll: a result naming the call (an error result for a CallError), and a
+    grade of 1. `on_calls(episode_id, n)` may return an event kind ('restart' | 'error') to send instead."""
+
+    def __init__(self, result_text=None, on_calls=None, on_start=None):
+        self.events: list[Event] = []
+        self.result_text = result_text or (lambda call: f"result of {call.name}\n{call.arguments}")
+        self.on_calls, self.on_start = on_calls, on_start
+        self.calls: dict[str, list] = {}
+        self.finished: dict[str, bool] = {}
+        self.started: list[str] = []
+
+    def start_episode(self, episode_id, task_dir):
+        self.started.append(episode_id)
+        kind = self.on_start(episode_id) if self.on_start else None
+        self.events.append(Event(episode_id, kind or "started", {"reason": "fake"}))
+
+    def submit_calls(self, episode_id, calls):
+        self.calls.setdefault(episode_id, []).append(list(calls))
+        kind = self.on_calls(episode_id, len(self.calls[episode_id])) if self.on_calls else None
+        if kind:
+            self.events.append(Event(episode_id, kind, {"reason": "fake"}))
+            return
+        results = [
+            Result(f"Error: {c.message}", True) if isinstance(c, CallError) else Result(self.result_text(c))
+            for c in calls
+        ]
+        self.events.append(Event(episode_id, "tool_results", {"results": results, "elapsed_s": 0.0}))
+
+    def finish_episode(self, episode_id, *, grade):
+        self.finished[episode_id] = grade
+        self.events.append(Event(episode_id, "graded", {"grade": Grade(1.0, {"tool_errors": 0})}))
+
+    def poll(self, timeout):
+        events, self.events = self.events, []
+        return events
+
+    def metrics(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def tok() -> tk.Tokenizer:
+    texts = [
+        chat.render_text(
+            [
+                Message("system", "Fix the bug."),
+                Message("user", f"mean([{i}, 2]) returned {i - 2}, expected {i + 2}"),
+                Message("assistant", "Looking at the code.", [READ, GREP]),
+                Message("tool", "     1|def mean(a, b):\n     2|    return a - b\n" * 3),
+                Message("assistant", "Fixing.", [EDIT]),
+                Message("tool", "The file src/stats.py has been updated."),
+                Message("assistant", "Done: mean adds now."),
+            ]
+        )
+        for i in range(40)
+    ]
+    return tk.train_tokenizer(texts, vocab_size=400)
+
+
+def _task(i: int) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        instance_id=f"task-{i}", path=f"/nonexistent/task-{i}", problem_statement=f"bug {i}"
+    )
+
+
+def _prompt(task) -> list[Message]:
+    return [Message("system", "Fix the bug."), Message("user", task.problem_statement)]
+
+
+def _turns_script(turns: list[Message], tok):
+    """A script that plays `turns` in order, the turn number read off the prompt (two <|im_end|> a turn)."""
+    ids = [turn_ids(m, tok) for m in turns]
+
+    def script(request_id, prompt_ids):
+        n = (list(prompt_ids).count(tok.im_end_id) - 2) // 2
+        return ids[min(n, len(ids) - 1)]
+
+    return script
+
+
+def _run(tok, turns, pool=None, limits=LIMITS, n_tasks=1, group_size=1, **kw):
+    engine = ScriptedEngine(_turns_script(turns, tok), slots=4, steps_per_call=4)
+    pool = pool or FakePool()
+    results = run_episodes(
+        [_task(i) for i in range(n_tasks)],
+        engine,
+        pool,
+        tokenizer=tok,
+        group_size=group_size,
+        limits=limits,
+        prompt_fn=_prompt,
+        **kw,
+    )
+    return results, engine, pool
+
+
+SOLVE = [
+    Message("assistant", "Looking at the code.", [READ, GREP]),
+    Message("assistant", "Fixing.", [EDIT]),
+    Message("assistant", "Done: mean adds now."),
+]
+
+
+def test_token_stream_equals_render_and_masks_generated_tokens(tok):
+    (r,), engine, _ = _run(tok, SOLVE)
+    assert r.n_turns == 3 and r.n_tool_calls == 3 and r.n_parallel_turns == 1 and not r.truncated
+    assert [m.role for m in r.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+    ] + ["assistant"]
+    assert r.messages[2].tool_calls == [READ, GREP]
+    # The whole stream is the render of the conversation (which ends with the newline after <|im_end|>) ...
+    ids, mask = tk.render(r.messages, tok)
+    assert tok.decode(r.ids) + "\n" == chat.render_text(r.messages)
+    assert r.ids == list(ids[:-1]) and r.loss_mask == list(mask[:-1])
+    # ... the log-probs sit exactly on the generated tokens ...
+    assert r.logprobs == [fake_logprob(t) if m else 0.0 for t, m in zip(r.ids, r.loss_mask)]
+    # ... and each turn's prompt was the stream so far: the conversation so far plus the generation prompt.
+    assistant_at = [i for i, m in enumerate(r.messages) if m.role == "assistant"]
+    assert len(engine.prompts) == 3
+    for k, prompt in enumerate(engine.prompts.values()):
+        assert prompt == r.ids[: len(prompt)]
+        assert tok.decode(prompt) == chat.render_text(
+            r.messages[: assistant_at[k]], add_generation_prompt=True
+        )
+    assert r.reward == 1.0 and r.searched_before_edit is True and r.restarts == 0 and r.error is None
+
+
+def test_generated_ids_are_kept_verbatim_not_retokenised(tok):
+    # Spell "Done." one byte-token at a time: a re-tokenisation of the text would merge them.
+    spelled = [i for ch in "Done." for i in tok.encode(ch)] + [tok.im_end_id]
+    assert tok.encode("Done.") != spelled[:-1]
+    engine = ScriptedEngine(lambda rid, p: spelled)
+    (r,) = run_episodes(
+        [_task(0)], engine, FakePool(), tokenizer=tok, group_size=1, limits=LIMITS, prompt_fn=_prompt
+    )
+    assert r.ids[-len(spelled) :] == spelled and r.messages[-1].content == "Done."
+
+
+def test_turn_limit_truncates_and_the_last_calls_do_not_run(tok):
+    limits = dataclasses.replace(LIMITS, max_turns=3)
+    (r,), _, pool = _run(tok, [Message("assistant", "Again.", [READ])], limits=limits)
+    assert r.truncated and r.truncation == "turns" and r.n_turns == 3
+    assert sum(len(c) for c in pool.calls[r.episode_id]) == 2 == r.n_tool_calls
+    assert r.reward == 1.0 and pool.finished[r.episode_id] is True  # truncated episodes are still graded
+
+
+def test_token_limit_truncates_before_the_stream_outgrows_it(tok):
+    limits = dataclasses.replace(LIMITS, max_episode_tokens=300)
+    pool = FakePool(result_text=lambda call: "     1|def mean(a, b):\n" * 20)
+    (r,), _, _ = _run(tok, [Message("assistant", "Again.", [READ])], pool=pool, limits=limits)
+    assert r.truncated and r.truncation == "tokens" and len(r.ids) <= 300
+    assert r.n_turns < limits.max_turns and r.ids[-1] == tok.im_end_id
+
+
+def test_wall_time_limit_truncates(tok):
+    clock = types.SimpleNamespace(t=0.0)
+
+    class SlowEngine(ScriptedEngine):
+        def step(self):
+            clock.t += 10.0  # every engine call takes 10 s of the episode's clock
+            return super().step()
+
+    limits = dataclasses.replace(LIMITS, episode_timeout_s=25.0, max_turns=50)
+    engine = SlowEngine(_turns_script([Message("assistant", "Again.", [READ])], tok), steps_per_call=64)
+    (r,) = run_episodes(
+        [_task(0)], engine, FakePool(), tokenizer=tok, group_size=1, limits=limits, prompt_fn=_prompt,
+        clock=lambda: clock.t,
+    )  # fmt: skip
+    assert r.truncated and r.truncation == "time" and r.n_turns == 3 and r.reward == 1.0
+
+
+def test_turn_cut_by_the_turn_token_limit_is_closed_and_counted(tok):
+    limits = dataclasses.replace(LIMITS, max_turn_tokens=4)
+    (r,), _, _ = _run(
+        tok, [Message("assistant", "This answer is much longer than four tokens.")], limits=limits
+    )
+    assert r.n_cut_turns == 1 and r.n_turns == 1 and not r.truncated
+    # 4 generated tokens with loss, then the appended <|im_end|> without loss or log-prob.
+    assert r.loss_mask[-5:] == [1, 1, 1, 1, 0] and r.ids[-1] == tok.im_end_id and r.logprobs[-1] == 0.0
+
+
+def test_cut_tool_call_is_an_error_result_and_the_episode_goes_on(tok):
+    limits = dataclasses.replace(LIMITS, max_turn_tokens=12)
+    turns = [Message("assistant", "Reading.", [READ]), Message("assistant", "Done.")]
+    (r,), _, pool = _run(tok, turns, limits=limits)
+    (calls,) = pool.calls[r.episode_id]
+    assert isinstance(calls[0], CallError) and "unclosed" in calls[0].message
+    assert (
+        r.n_cut_turns == 1 and r.n_tool_errors == 1 and r.n_turns == 2 and r.messages[-1].content == "Done."
+    )
+
+
+def test_malformed_call_gets_an_error_result_and_the_episode_goes_on(tok):
+    bad = tok.encode(
+        'Reading.\n<tool_call>\n{"name": "read_file", "arguments": [1]}\n</tool_call>' + chat.IM_END
+    )
+    done = turn_ids(Message("assistant", "Done."), tok)
+    engine = ScriptedEngine(lambda rid, p: bad if rid.endswith("@0") else done)
+    pool = FakePool()
+    (r,) = run_episodes(
+        [_task(0)], engine, pool, tokenizer=tok, group_size=1, limits=LIMITS, prompt_fn=_prompt
+    )
+    assert r.n_tool_errors == 1 and r.n_turns == 2 and r.reward == 1.0
+    assert r.messages[3].role == "tool" and "not a JSON object" in r.messages[3].content
+    # The malformed turn is shown as generated (it has no structured form), and still renders exactly.
+    assert tok.decode(r.ids) + "\n" == chat.render_text(r.messages)
+
+
+def test_groups_come_out_whole_and_both_drivers_agree(tok):
+    groups = list(
+        iter_groups(
+            [_task(i) for i in range(3)],
+            ScriptedEngine(_turns_script(SOLVE, tok), slots=2),
+            FakePool(),
+            tokenizer=tok,
+            group_size=2,
+            limits=LIMITS,
+            max_active=3,
+            prompt_fn=_prompt,
+        )
+    )
+    assert sorted(g[0].group for g in groups) == [0, 1, 2]
+    assert all([r.member for r in g] == [0, 1] and len({r.group for r in g}) == 1 for g in groups)
+    sync = run_episodes_sync(
+        [_task(i) for i in range(3)],
+        ScriptedEngine(_turns_script(SOLVE, tok), slots=2),
+        FakePool(),
+        tokenizer=tok,
+        group_size=2,
+        limits=LIMITS,
+        batch_size=4,
+        prompt_fn=_prompt,
+    )
+    flat = sorted((r for g in groups for r in g), key=lambda r: (r.group, r.member))
+    assert [(r.task_id, r.ids, r.reward) for r in flat] == [(r.task_id, r.ids, r.reward) for r in sync]
+
+
+def test_restart_after_worker_death_is_counted_and_never_scored_zero(tok):
+    pool = FakePool(on_calls=lambda eid, n: "restart" if eid.endswith("#0") and n == 2 else None)
+    (r,), _, _ = _run(tok, SOLVE, pool=pool)
+    assert r.restarts == 1 and r.episode_id.endswith("#1") and r.reward == 1.0
+    assert pool.started == ["task-0/0/0#0", "task-0/0/0#1"]
+    assert r.n_turns == 3 and tok.decode(r.ids) + "\n" == chat.render_text(r.messages)  # a fresh stream
+
+
+def test_episode_that_keeps_failing_gives_up_without_a_reward(tok):
+    pool = FakePool(on_start=lambda eid: "error")
+    (r,), _, _ = _run(tok, SOLVE, pool=pool, max_restarts=2)
+    assert r.reward is None and r.restarts == 3 and "gave up" in r.error
+    assert len(pool.started) == 3
+
+
+@pytest.mark.parametrize(
+    "turns, expected",
+    [
+        ([["grep"], ["read_file", "read_file"], ["search_replace"]], True),
+        ([["run_terminal_cmd"], ["read_file", "search_replace"]], False),  # same turn: parallel, not before
+        ([["write"], ["read_file"]], False),
+        ([["read_file"], ["run_terminal_cmd"]], None),  # no edit at all
+    ],
+)
+def test_first_edit_after_read(turns, expected):
+    assert first_edit_after_read(turns) is expected
