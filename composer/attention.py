@@ -1,0 +1,94 @@
+"""Grouped-query self-attention: the attention layer and the registry of attention kernels.
+
+Every kernel in ATTENTION_IMPLS has the signature
+
+    attend(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b) -> o_btnh
+
+and the visibility rule: key j (its index in s, which is its position) is visible to a query at position
+p iff j <= p and j < kv_len[b]. A query with p < 0 (padding) sees nothing useful; its output is finite and
+meant to be ignored. n query heads share g kv heads (n % g == 0; head i uses kv head i // (n / g)); scores
+are scaled by 1/sqrt(h). A kernel may be an import path 'module:attr', imported only when selected.
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from composer import kv_cache, layers, registry
+from composer.model_config import ModelConfig
+
+# Large and finite, so that a query that sees no key gets a uniform (finite) softmax, not NaN.
+_MASKED = -1e30
+
+
+def attend_reference(
+    q_btnh: jax.Array, k_bsgh: jax.Array, v_bsgh: jax.Array, q_pos_bt: jax.Array, kv_len_b: jax.Array
+) -> jax.Array:
+    """softmax(q k^T / sqrt(h) + mask) v in plain jnp; scores and softmax in float32."""
+    b, t, n, h = q_btnh.shape
+    s, g = k_bsgh.shape[1], k_bsgh.shape[2]
+    q_btgrh = q_btnh.reshape(b, t, g, n // g, h)
+    scores = jnp.einsum("btgrh,bsgh->bgrts", q_btgrh, k_bsgh, preferred_element_type=jnp.float32)
+    scores = scores * h**-0.5
+    j_s = jnp.arange(s, dtype=jnp.int32)
+    visible_bts = (j_s <= q_pos_bt[:, :, None]) & (j_s < kv_len_b[:, None, None])
+    scores = jnp.where(visible_bts[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bsgh.dtype)
+    o_btgrh = jnp.einsum("bgrts,bsgh->btgrh", probs, v_bsgh)
+    return o_btgrh.reshape(b, t, n, h)
+
+
+ATTENTION_IMPLS: dict[str, str | Callable] = {
+    "reference": attend_reference,
+    "pallas": "kernels_pallas.attention_ops:attend",
+}
+
+
+def get_attend(name: str) -> Callable:
+    """The attention kernel registered as `name` (imports a lazy path now)."""
+    return registry.resolve(ATTENTION_IMPLS, name, "attention_impl")
+
+
+def attention_layer(
+    p: dict,
+    x_btd: jax.Array,
+    positions_bt: jax.Array,
+    cfg: ModelConfig,
+    layer: jax.Array,
+    cache: kv_cache.KVCache | None,
+    plan: kv_cache.WritePlan | None,
+) -> tuple[jax.Array, kv_cache.KVCache | None]:
+    """Self-attention of one layer (p: wq, wk, wv, wo and, with qk-norm, q_norm, k_norm).
+
+    Projections, qk-norm ('head': RMSNorm over h per head after the reshape; 'proj': RMSNorm over the
+    whole n*h / g*h projection, as in OLMoE), RoPE, then attention. Without a cache the keys are this
+    call's tokens (each row's real tokens at positions 0..n-1, so index = position). With a cache the new
+    keys/values are written at their positions (per `plan`) and the queries attend over the whole cache.
+    Returns (output [b, t, d], updated cache or None).
+    """
+    dtype = x_btd.dtype
+    q_btnh = jnp.einsum("btd,dnh->btnh", x_btd, p["wq"].astype(dtype))
+    k_btgh = jnp.einsum("btd,dgh->btgh", x_btd, p["wk"].astype(dtype))
+    v_btgh = jnp.einsum("btd,dgh->btgh", x_btd, p["wv"].astype(dtype))
+    if cfg.qk_norm == "head":
+        q_btnh = layers.rms_norm(q_btnh, p["q_norm"], cfg.rms_eps)
+        k_btgh = layers.rms_norm(k_btgh, p["k_norm"], cfg.rms_eps)
+    elif cfg.qk_norm == "proj":
+        q_btnh = layers.rms_norm(q_btnh, p["q_norm"], cfg.rms_eps, axes=(-2, -1))
+        k_btgh = layers.rms_norm(k_btgh, p["k_norm"], cfg.rms_eps, axes=(-2, -1))
+    q_btnh = layers.rope(q_btnh, positions_bt, cfg.rope_theta)
+    k_btgh = layers.rope(k_btgh, positions_bt, cfg.rope_theta)
+
+    if cache is None:
+        keys_bsgh, values_bsgh = k_btgh, v_btgh
+        kv_len_b = jnp.max(positions_bt, axis=1) + 1  # 0 for a row of padding only
+    else:
+        k_buf, keys_bsgh = kv_cache.write_layer(cache.k, layer, k_btgh, plan)
+        v_buf, values_bsgh = kv_cache.write_layer(cache.v, layer, v_btgh, plan)
+        cache = kv_cache.KVCache(k=k_buf, v=v_buf, lengths=plan.lengths_b)
+        kv_len_b = plan.lengths_b
+        q_btnh = q_btnh.astype(keys_bsgh.dtype)
+    attend = get_attend(cfg.attention_impl)
+    o_btnh = attend(q_btnh, keys_bsgh, values_bsgh, positions_bt, kv_len_b.astype(jnp.int32))
+    return jnp.einsum("btnh,nhd->btd", o_btnh.astype(dtype), p["wo"].astype(dtype)), cache

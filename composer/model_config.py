@@ -1,0 +1,96 @@
+"""ModelConfig: the static description of the transformer (config.model and config.moe, flattened).
+
+Frozen and hashable, so it can be a static argument of jax.jit. Re-exported as composer.model.ModelConfig.
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+import ml_collections
+
+# The keys of config.moe; every other field comes from config.model under the same name.
+_MOE_FIELDS = (
+    "n_experts",
+    "top_k",
+    "d_ff",
+    "norm_topk_prob",
+    "shared_expert_d_ff",
+    "dispatch",
+    "capacity_factor",
+    "aux_loss_coef",
+    "z_loss_coef",
+)
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_QK_NORMS = ("none", "head", "proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and choices of the decoder-only MoE transformer. Defaults give a tiny test model."""
+
+    vocab_size: int = 256
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 16
+    qk_norm: str = "head"  # 'none' | 'head' (per head over head_dim) | 'proj' (over the whole q / k)
+    rope_theta: float = 10_000.0
+    rms_eps: float = 1e-6
+    tie_embeddings: bool = False
+    n_dense_layers: int = 0  # the first n layers use a dense SwiGLU of width d_ff_dense
+    d_ff_dense: int = 128
+    max_seq_len: int = 256
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    attention_impl: str = "reference"  # key of composer.attention.ATTENTION_IMPLS
+    # MoE (config.moe)
+    n_experts: int = 4
+    top_k: int = 2
+    d_ff: int = 64  # width of one expert
+    norm_topk_prob: bool = True
+    shared_expert_d_ff: int = 0  # 0: no shared expert
+    dispatch: str = "capacity"  # key of composer.moe.DISPATCH_IMPLS
+    capacity_factor: float = 2.0
+    aux_loss_coef: float = 1e-2
+    z_loss_coef: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for rotate-half RoPE")
+        if self.qk_norm not in _QK_NORMS:
+            raise ValueError(f"qk_norm {self.qk_norm!r} is not one of {_QK_NORMS}")
+        if not 0 <= self.n_dense_layers <= self.n_layers:
+            raise ValueError(f"n_dense_layers {self.n_dense_layers} outside [0, n_layers={self.n_layers}]")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k {self.top_k} outside [1, n_experts={self.n_experts}]")
+        for name in ("param_dtype", "compute_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {tuple(_DTYPES)}")
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.n_dense_layers
+
+    @property
+    def param_jnp_dtype(self) -> jnp.dtype:
+        return _DTYPES[self.param_dtype]
+
+    @property
+    def compute_jnp_dtype(self) -> jnp.dtype:
+        return _DTYPES[self.compute_dtype]
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "ModelConfig":
+        """Builds the model config from the full experiment config (its `model` and `moe` sub-dicts).
+
+        Every field is read from the config (a missing key is an error, never a silent default);
+        config.model.init_from is not part of the architecture and is left to the caller.
+        """
+        values = {}
+        for field in dataclasses.fields(cls):
+            section = config.moe if field.name in _MOE_FIELDS else config.model
+            values[field.name] = field.type(section[field.name])
+        return cls(**values)

@@ -1,0 +1,180 @@
+"""The mixture-of-experts feed-forward layer: router, auxiliary losses and expert dispatch.
+
+Routing (per token x, in float32): logits = x W_r [e], p = softmax(logits) over all experts, the top_k
+experts by p, with weights w = p[topk], renormalised to sum to 1 iff cfg.norm_topk_prob. The output is
+    y = sum_{j < k} w_j SwiGLU_{e_j}(x)  (+ SwiGLU_shared(x) when cfg.shared_expert_d_ff > 0).
+
+Auxiliary losses over the N valid (non-padding) tokens of the batch, returned unscaled:
+    load balance (Switch / GShard):  L_lb = E * sum_e f_e P_e,
+        f_e = (1 / (N k)) sum_i sum_j [e_ij = e]    (fraction of routed token-slots sent to e)
+        P_e = (1 / N) sum_i p_ie                     (mean router probability of e)
+    L_lb = 1 when routing is uniform; only P carries gradient.
+    router z-loss (ST-MoE, Zoph et al. 2022):  L_z = (1 / N) sum_i (logsumexp_e logits_ie)^2.
+
+The expert FFN is run by ONE function chosen by cfg.dispatch in DISPATCH_IMPLS, with the signature
+    experts(x_md, expert_mk, weight_mk, valid_m, p, cfg) -> (y_md, dropped_fraction)
+'capacity' pads each expert's tokens to a fixed capacity and drops overflow; every other entry is the
+dropless path over a grouped matmul with jax.lax.ragged_dot semantics (a new kernel is one more entry).
+"""
+
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from composer import layers, registry
+from composer.model_config import ModelConfig
+
+
+def route(
+    x_md: jax.Array, w_router_de: jax.Array, top_k: int, norm_topk_prob: bool
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Router in float32. Returns (expert_mk int32, weight_mk float32, logits_me float32)."""
+    logits_me = jnp.einsum(
+        "md,de->me",
+        x_md.astype(jnp.float32),
+        w_router_de.astype(jnp.float32),
+        precision=jax.lax.Precision.HIGHEST,  # no TF32 / bf16 passes: routing must not depend on backend
+    )
+    probs_me = jax.nn.softmax(logits_me, axis=-1)
+    weight_mk, expert_mk = jax.lax.top_k(probs_me, top_k)
+    if norm_topk_prob:
+        weight_mk = weight_mk / jnp.sum(weight_mk, axis=-1, keepdims=True)
+    return expert_mk.astype(jnp.int32), weight_mk, logits_me
+
+
+def aux_losses(logits_me: jax.Array, expert_mk: jax.Array, valid_m: jax.Array) -> dict[str, jax.Array]:
+    """Load-balancing loss and router z-loss (equations in the module docstring), padding excluded."""
+    n_experts = logits_me.shape[-1]
+    top_k = expert_mk.shape[-1]
+    n_valid = jnp.maximum(jnp.sum(valid_m), 1).astype(jnp.float32)
+    probs_me = jax.nn.softmax(logits_me, axis=-1)
+    # jnp.where, not a multiplication by the mask: padding rows may hold anything, even inf.
+    routed_e = jnp.sum(
+        jnp.where(valid_m[:, None, None], jax.nn.one_hot(expert_mk, n_experts), 0), axis=(0, 1)
+    )
+    f_e = routed_e / (n_valid * top_k)
+    p_e = jnp.sum(jnp.where(valid_m[:, None], probs_me, 0), axis=0) / n_valid
+    z_m = jnp.square(jax.nn.logsumexp(logits_me, axis=-1))
+    return {
+        "load_balance_loss": n_experts * jnp.sum(f_e * p_e),
+        "router_z_loss": jnp.sum(jnp.where(valid_m, z_m, 0)) / n_valid,
+    }
+
+
+def _expert_swiglu(x_ecd: jax.Array, p: dict) -> jax.Array:
+    """SwiGLU of every expert on its own rows: [e, c, d] -> [e, c, d], one batched einsum per weight."""
+    dtype = x_ecd.dtype
+    gate = jnp.einsum("ecd,edf->ecf", x_ecd, p["w_gate"].astype(dtype))
+    up = jnp.einsum("ecd,edf->ecf", x_ecd, p["w_up"].astype(dtype))
+    return jnp.einsum("ecf,efd->ecd", jax.nn.silu(gate) * up, p["w_down"].astype(dtype))
+
+
+def capacity(n_tokens: int, cfg: ModelConfig) -> int:
+    """Slots per expert: ceil(capacity_factor * tokens * top_k / n_experts), at most the token count."""
+    return max(1, min(n_tokens, math.ceil(cfg.capacity_factor * n_tokens * cfg.top_k / cfg.n_experts)))
+
+
+def experts_capacity(
+    x_md: jax.Array, expert_mk: jax.Array, weight_mk: jax.Array, valid_m: jax.Array, p: dict, cfg: ModelConfig
+) -> tuple[jax.Array, jax.Array]:
+    """Capacity dispatch: sort token-slots by expert, pad each expert to c slots, one batched einsum.
+
+    Priority within an expert is k-major (all first choices, in token order, before any second choice),
+    as in GShard, so overflow drops the least preferred assignments. Dropped assignments contribute
+    nothing (the residual stream carries the token). Padding tokens take no slot. Returns
+    (y_md, dropped_fraction = dropped valid assignments / valid assignments).
+    """
+    m, k = expert_mk.shape
+    n_experts, c = cfg.n_experts, capacity(m, cfg)
+    # Assignment a = j * m + i (k-major); padding goes to a virtual expert E that owns no slot.
+    expert_a = jnp.where(valid_m[None, :], expert_mk.T, n_experts).reshape(-1)
+    token_a = jnp.tile(jnp.arange(m, dtype=jnp.int32), k)
+    order_a = jnp.argsort(expert_a, stable=True)
+    counts_e = jnp.bincount(expert_a, length=n_experts + 1)[:n_experts]
+    starts_e = jnp.cumsum(counts_e) - counts_e
+
+    # DISPATCH: slot (e, i) holds the i-th assignment of expert e, if it has one.
+    slot_c = jnp.arange(c, dtype=jnp.int32)
+    sorted_ec = jnp.clip(starts_e[:, None] + slot_c, 0, m * k - 1)
+    filled_ec = slot_c < counts_e[:, None]
+    x_ecd = jnp.where(filled_ec[..., None], x_md[token_a[order_a[sorted_ec]]], 0)
+    out_ecd = _expert_swiglu(x_ecd, p)
+
+    # COMBINE: assignment a reads slot (e_a, rank of a within e_a) if that rank is below the capacity.
+    expert_sorted = expert_a[order_a]
+    rank_sorted = jnp.arange(m * k, dtype=jnp.int32) - jnp.append(starts_e, 0)[expert_sorted]
+    rank_a = jnp.zeros_like(rank_sorted).at[order_a].set(rank_sorted)
+    real_a = expert_a < n_experts
+    kept_a = real_a & (rank_a < c)
+    slot_a = jnp.minimum(expert_a, n_experts - 1) * c + jnp.minimum(rank_a, c - 1)
+    out_ad = out_ecd.reshape(n_experts * c, -1)[slot_a].astype(jnp.float32)
+    weight_a = weight_mk.T.reshape(-1) * kept_a
+    y_md = jnp.sum((out_ad * weight_a[:, None]).reshape(k, m, -1), axis=0)
+    dropped = jnp.sum(real_a & ~kept_a) / jnp.maximum(jnp.sum(real_a), 1)
+    return y_md.astype(x_md.dtype), dropped.astype(jnp.float32)
+
+
+def experts_dropless(
+    x_md: jax.Array,
+    expert_mk: jax.Array,
+    weight_mk: jax.Array,
+    valid_m: jax.Array,
+    p: dict,
+    cfg: ModelConfig,
+    *,
+    gmm: str | Callable,
+) -> tuple[jax.Array, jax.Array]:
+    """Dropless dispatch: sort token-slots by expert, grouped matmuls, unsort, weighted sum.
+
+    `gmm(lhs_md, rhs_edf, group_sizes_e) -> out_mf` multiplies the i-th contiguous group of rows of lhs
+    by rhs[i] (jax.lax.ragged_dot semantics); an import path is resolved when traced. Padding tokens
+    are computed but weighted by 0. Returns (y_md, 0).
+    """
+    gmm = registry.load(gmm, f"the grouped matmul of dispatch {cfg.dispatch!r}")
+    m, k = expert_mk.shape
+    expert_a = expert_mk.reshape(-1)  # a = i * k + j
+    order_a = jnp.argsort(expert_a)
+    group_sizes_e = jnp.bincount(expert_a, length=cfg.n_experts).astype(jnp.int32)
+    x_ad = x_md[order_a // k]  # sorted by expert
+    dtype = x_md.dtype
+    gate = gmm(x_ad, p["w_gate"].astype(dtype), group_sizes_e)
+    up = gmm(x_ad, p["w_up"].astype(dtype), group_sizes_e)
+    out_sorted = gmm((jax.nn.silu(gate) * up).astype(dtype), p["w_down"].astype(dtype), group_sizes_e)
+    inverse_a = jnp.zeros_like(order_a).at[order_a].set(jnp.arange(m * k, dtype=order_a.dtype))
+    out_mkd = out_sorted[inverse_a].reshape(m, k, -1).astype(jnp.float32)
+    y_md = jnp.einsum("mkd,mk->md", out_mkd, jnp.where(valid_m[:, None], weight_mk, 0))
+    return y_md.astype(dtype), jnp.zeros((), jnp.float32)
+
+
+DISPATCH_IMPLS: dict[str, str | Callable] = {
+    "capacity": experts_capacity,
+    "ragged_dot": functools.partial(experts_dropless, gmm=jax.lax.ragged_dot),
+    "gmm": functools.partial(experts_dropless, gmm="kernels_pallas.gmm.ops:gmm"),
+    "gmm_fp8": functools.partial(experts_dropless, gmm="kernels_pallas.fp8_gmm.ops:gmm_fp8"),
+}
+
+
+def moe_layer(
+    p: dict, x_btd: jax.Array, valid_bt: jax.Array, cfg: ModelConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The MoE feed-forward of one layer.
+
+    p: router [d, e], w_gate / w_up [e, d, f], w_down [e, f, d] and, with a shared expert, shared:
+    {w_gate, w_up [d, f_s], w_down [f_s, d]}. valid_bt marks real tokens (padding is excluded from the
+    losses and the capacity, and gets no routed output). Returns (y [b, t, d], aux) with aux
+    load_balance_loss, router_z_loss, dropped_fraction (scalars, float32).
+    """
+    b, t, d = x_btd.shape
+    x_md = x_btd.reshape(b * t, d)
+    valid_m = valid_bt.reshape(b * t)
+    expert_mk, weight_mk, logits_me = route(x_md, p["router"], cfg.top_k, cfg.norm_topk_prob)
+    aux = aux_losses(logits_me, expert_mk, valid_m)
+    experts = registry.resolve(DISPATCH_IMPLS, cfg.dispatch, "dispatch")
+    y_md, aux["dropped_fraction"] = experts(x_md, expert_mk, weight_mk, valid_m, p, cfg)
+    if cfg.shared_expert_d_ff > 0:
+        s = p["shared"]
+        y_md = y_md + layers.swiglu(x_md, s["w_gate"], s["w_up"], s["w_down"])
+    return y_md.reshape(b, t, d), aux

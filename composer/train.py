@@ -1,0 +1,216 @@
+"""Train steps: `sft_step` and `rl_step` as pure functions `(state, batch, key) -> (state, metrics)`.
+
+Both scan over micro-batches (`lax.scan`), accumulate gradients as sums with token counts so the result
+equals one big batch exactly, clip by global norm and apply AdamW with linear warmup and cosine decay.
+`make_step` jits a step with shardings derived from the state and the batch rules, and donates the state.
+
+Batch layout (host side builds it, see composer/batching.py), all arrays `[m, b, t]` with m micro-batches:
+  tokens int32, positions int32 (-1 on padding), loss_mask float32 (1 where the token is a *target* the
+  policy generated). RL batches add sampler_logprobs float32 [m, b, t] (behaviour log-probs, aligned with
+  the target tokens), advantages float32 [m, b] (per sequence) and truncated bool [m, b].
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from composer import model, sharding
+from composer.rl import losses
+
+PyTree = Any
+
+
+class TrainState(NamedTuple):
+    step: jax.Array  # int32 scalar: optimizer steps taken
+    params: PyTree
+    opt_state: PyTree
+
+
+def make_optimizer(optim: ml_collections.ConfigDict, learning_rate: float, total_steps: int):
+    """AdamW with linear warmup then cosine decay to 10%, after global-norm clipping."""
+    warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=learning_rate,
+        warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1),
+        end_value=0.1 * learning_rate,
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(optim.grad_clip),
+        optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay),
+    )
+
+
+def init_state(params: PyTree, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+
+
+def token_logprobs(
+    params: PyTree, tokens_bt: jax.Array, positions_bt: jax.Array, cfg: model.ModelConfig
+) -> tuple[jax.Array, jax.Array, dict]:
+    """Log-probs of each next token: out[b, i] = log p(tokens[b, i] | tokens[b, :i]) for i >= 1 (0 at i=0).
+
+    Returns (logprobs_bt, entropy_bt, aux). Target-aligned: index i scores token i, so masks and sampler
+    log-probs are indexed by the position of the token they describe.
+    """
+    logits_btv, _, aux = model.forward(params, tokens_bt, positions_bt, cfg)
+    logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
+    target = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
+    pad = jnp.zeros_like(target[:, :1])
+    return jnp.concatenate([pad, target], 1), jnp.concatenate([pad, entropy], 1), aux
+
+
+def _aux_loss(aux: dict, cfg: model.ModelConfig) -> jax.Array:
+    return cfg.aux_loss_coef * aux["load_balance_loss"] + cfg.z_loss_coef * aux["router_z_loss"]
+
+
+def sft_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: None = None):
+    """Next-token cross-entropy over loss_mask, as (sum, count); MoE aux losses weighted by the count.
+
+    Returns (differentiable total, {name: MaskedSum}); 'loss' holds the count that grads are divided by.
+    """
+    del hp
+    logp, _, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg)
+    mask = batch["loss_mask"].astype(jnp.float32)
+    count = mask.sum()
+    nll = losses.MaskedSum(-(logp * mask).sum(), count)
+    total = nll.total + _aux_loss(aux, cfg) * count
+    sums = {
+        "loss": nll,
+        "load_balance_loss": losses.MaskedSum(aux["load_balance_loss"] * count, count),
+        "dropped_fraction": losses.MaskedSum(aux["dropped_fraction"] * count, count),
+    }
+    return total, sums
+
+
+class RLHParams(NamedTuple):
+    """The static knobs of the RL loss (hashable: part of the jitted step's closure)."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    tis_cap: float = 2.0
+    kl_coef: float = 0.0
+    mask_truncated: bool = True
+    aggregation: str = "token_mean"
+    norm_len: int | None = None
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "RLHParams":
+        rl = config.rl
+        return cls(
+            clip_low=rl.clip_low,
+            clip_high=rl.clip_high,
+            tis_cap=rl.tis_cap,
+            kl_coef=rl.kl_coef,
+            mask_truncated=rl.mask_truncated,
+            aggregation=losses.DEFAULT_AGGREGATION[rl.algorithm],
+            norm_len=config.env.max_episode_tokens,
+        )
+
+
+def rl_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: RLHParams):
+    """The clipped policy-gradient loss of composer.rl.losses on one micro-batch (see policy_loss).
+
+    One update per rollout batch: the 'old' policy is the current parameters (ratio 1, gradient of log p);
+    truncated importance sampling corrects for the sampler's (possibly stale) log-probs.
+    """
+    logp, entropy, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg)
+    mask = batch["loss_mask"].astype(jnp.float32)
+    loss, sums = losses.policy_loss(
+        logp,
+        batch["advantages"],
+        mask,
+        clip_low=hp.clip_low,
+        clip_high=hp.clip_high,
+        sampler_logprobs=batch["sampler_logprobs"],
+        tis_cap=hp.tis_cap,
+        ref_logprobs=batch["ref_logprobs"] if hp.kl_coef > 0 else None,
+        kl_coef=hp.kl_coef,
+        truncated=batch["truncated"] if hp.mask_truncated else None,
+        entropy=entropy,
+        aggregation=hp.aggregation,
+        norm_len=hp.norm_len,
+    )
+    count = mask.sum()
+    total = loss.total + _aux_loss(aux, cfg) * loss.count
+    sums = dict(sums, loss=loss, load_balance_loss=losses.MaskedSum(aux["load_balance_loss"] * count, count))
+    return total, sums
+
+
+LossFn = Callable[[PyTree, dict, model.ModelConfig, Any], tuple[jax.Array, dict]]
+
+
+def accumulate_grads(loss_fn: LossFn, params: PyTree, batch: dict, cfg: model.ModelConfig, hp: Any):
+    """Scans micro-batches (leading axis of every batch array), summing grads and MaskedSums."""
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+
+    def body(carry, micro):
+        grads, sums = carry
+        g, m = grad_fn(params, micro, cfg, hp)
+        return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, sums, m)), None
+
+    first = jax.tree.map(lambda x: x[0], batch)
+    sum_shapes = jax.eval_shape(lambda: loss_fn(params, first, cfg, hp)[1])
+    zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes)
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums), batch)
+    return grads, sums
+
+
+def apply_grads(
+    state: TrainState, grads: PyTree, count: jax.Array, optimizer: optax.GradientTransformation
+) -> tuple[TrainState, dict]:
+    """Turns summed grads into the mean over `count` and takes one optimizer step."""
+    grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1e-12), grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+    return new, {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
+
+
+def _step(loss_fn, state, batch, cfg, optimizer, hp):
+    grads, sums = accumulate_grads(loss_fn, state.params, batch, cfg, hp)
+    state, metrics = apply_grads(state, grads, sums["loss"].count, optimizer)
+    metrics.update(losses.finish_all(sums))
+    metrics["tokens"] = sums["loss"].count
+    return state, metrics
+
+
+def sft_step(state: TrainState, batch: dict, key: jax.Array, *, cfg, optimizer) -> tuple[TrainState, dict]:
+    """One SFT update on `batch` ([m, b, t] arrays). `key` is unused (no dropout); kept for the API."""
+    del key
+    return _step(sft_loss, state, batch, cfg, optimizer, None)
+
+
+def rl_step(
+    state: TrainState, batch: dict, key: jax.Array, *, cfg, optimizer, hp: RLHParams
+) -> tuple[TrainState, dict]:
+    """One GRPO-family update on `batch` ([m, b, t] arrays plus per-sequence advantages/truncated)."""
+    del key
+    return _step(rl_loss, state, batch, cfg, optimizer, hp)
+
+
+def jit_step(step_fn: Callable, state: TrainState, batch_example: dict, mesh, rules, **static) -> Callable:
+    """Jits `step_fn` with the state's own shardings (in and out), batch sharded along 'batch', and the
+    state donated. `state` must already be placed (e.g. params born sharded via sharding.init_sharded)."""
+    state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    # Batch arrays are [m, b, ...]: micro-batches stay on every device, rows split along 'batch'.
+    batch_shardings = {
+        k: sharding.named_sharding((None, "batch") + (None,) * (v.ndim - 2), v.shape, mesh, rules)
+        for k, v in batch_example.items()
+    }
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    fn = functools.partial(step_fn, **static)
+    return jax.jit(
+        fn,
+        in_shardings=(state_shardings, batch_shardings, replicated),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=(0,),
+    )

@@ -1,0 +1,41 @@
+"""Host batching: buckets, padding, sorting into micro-batches."""
+
+import numpy as np
+
+from composer import batching
+
+
+def test_bucket_length():
+    assert batching.bucket_length(1) == 64
+    assert batching.bucket_length(64) == 64
+    assert batching.bucket_length(65) == 128
+    assert batching.bucket_length(300) == 512
+    assert batching.bucket_length(300, max_len=400) == 400
+
+
+def test_pack_sequences_pads_sorts_and_keeps_every_token():
+    rng = np.random.default_rng(0)
+    seqs = []
+    for n in (5, 70, 12, 33, 3):
+        seqs.append(
+            {
+                "tokens": rng.integers(1, 100, n),
+                "loss_mask": rng.integers(0, 2, n),
+                "sampler_logprobs": -rng.random(n),
+                "advantages": float(n),
+                "truncated": n == 12,
+            }
+        )
+    batch = batching.pack_sequences(seqs, micro_batch=2, multiple=16)
+    assert batch["tokens"].shape == (3, 2, 128)
+    flat = {k: v.reshape((6,) + v.shape[2:]) for k, v in batch.items()}
+    lengths = (flat["positions"] >= 0).sum(-1)
+    assert list(lengths) == [3, 5, 12, 33, 70, 0]  # sorted; one empty row pads the last micro-batch
+    for row, n in enumerate(lengths[:5]):
+        seq = next(s for s in seqs if len(s["tokens"]) == n)
+        np.testing.assert_array_equal(flat["tokens"][row, :n], seq["tokens"])
+        np.testing.assert_array_equal(flat["loss_mask"][row, :n], seq["loss_mask"])
+        np.testing.assert_allclose(flat["sampler_logprobs"][row, :n], seq["sampler_logprobs"], rtol=1e-6)
+        assert flat["advantages"][row] == n and flat["truncated"][row] == (n == 12)
+        assert flat["loss_mask"][row, n:].sum() == 0 and (flat["positions"][row, n:] == -1).all()
+    assert flat["loss_mask"][5].sum() == 0
