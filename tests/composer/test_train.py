@@ -51,7 +51,8 @@ def test_micro_batches_equal_one_big_batch(loss_fn, rl):
         g4, _ = train.accumulate_grads(loss_fn, params, batch, cfg0, hp)
         g1, _ = train.accumulate_grads(loss_fn, params, big, cfg0, hp)
         for a, b in zip(jax.tree.leaves(g4), jax.tree.leaves(g1)):
-            np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+            # f32 sums in a different order: allow a few ulps against the gradient's scale.
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5 * float(np.abs(b).max()))
 
 
 def test_sft_step_reduces_loss():

@@ -162,6 +162,7 @@ def test_environment_is_minimal(sandbox, monkeypatch):
         "LOGNAME",
         "PYTHONDONTWRITEBYTECODE",
         "PAGER",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD",  # the host's pytest plugins are not the task's
     }
     allowed |= {"GIT_PAGER", "PWD", "SHLVL", "_", "OLDPWD"}
     assert names <= allowed, names - allowed

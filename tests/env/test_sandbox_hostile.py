@@ -188,7 +188,9 @@ def test_memory_bomb_many_processes(sandbox):
     hog = "import time; data = b'x' * (150 << 20); print('allocated', flush=True); time.sleep(30)"
     result, output = run_hostile(sandbox, f'for i in 1 2 3 4; do python -c "{hog}" & done; wait', timeout=3.0)
     assert result.timed_out or result.exit_code != 0
-    assert output.splitlines().count("allocated") < 4  # bash's "Killed" lines also quote the command
+    # A killed hog frees its memory, so a later one may still allocate; what matters is that the
+    # kernel killed some of them and the slot's peak never passed the limit.
+    assert any(line.startswith("bash:") and "Killed" in line for line in output.splitlines()), output
     assert _oom_kills(memory[0]) > kills_before, "the cgroup's limit never acted"
     assert int((memory[0] / "memory.max_usage_in_bytes").read_text()) <= LIMITS.memory_mb << 20
 
