@@ -1,0 +1,564 @@
+"""The continuous-batching sampler: jitted prefill and multi-step decode over a slot KV cache.
+
+    s = Sampler(params, cfg, slots=16, max_len=2048, steps_per_call=8, temperature=1.0, top_p=1.0,
+                eos_id=tok.im_end_id, key=jax.random.key(0))
+    s.add("episode-3@0", prompt_ids, max_new_tokens=256)
+    outputs = s.step()          # list[TurnOutput]: the turns that finished during this call
+
+This is the engine of the rollout driver (env/rollout/driver.py: add / step / pending).
+
+Slots. The cache holds `slots` rows of `max_len` positions (one buffer per layer). A request holds one
+slot while its turn generates; when the turn ends (it drew `eos_id`, or `max_new_tokens` tokens) it
+leaves and a waiting request takes the slot at the next `step()`. Nothing is kept between turns: an
+episode that comes back with tool results is a new request whose prompt is its whole token stream,
+prefilled again into a free slot (rebuild by prefill: episodes waiting on tools hold no cache memory;
+`stats()['prefill_share']` is the share of wall time this costs).
+
+One `step()`:
+  PREFILL  waiting requests (up to the free slots), grouped by prompt-length bucket, one padded call per
+           bucket (rows padded to a power of two, lengths to `prefill_buckets`, by default 32, 48, 64,
+           96, ...: at most 1.5x padding, few shapes to compile).
+           Each call prefills into a small cache, writes its rows into their slots of the slot cache
+           (donated, written in place) and draws each request's first token from the logits at its
+           last prompt position.
+  DECODE   `steps_per_call` decode steps in ONE device call (lax.while_loop, no host round trip per
+           token; it exits early once every slot is idle). Each step feeds every active slot its last
+           token and draws the next. A slot whose turn ends mid-call idles until the call returns (its
+           position is -1: padding, which the model neither writes nor attends); idle slot-steps are
+           what `occupancy` (kept tokens / slot-steps) measures. Attention runs over a window of the
+           cache (a bucket of `length_buckets`) that covers every active slot for the whole call, not
+           over all of max_len: the model's per-step cache work grows with the length it is given.
+
+Keys and log-probs: see composer/sampling.py (a token's key depends only on its request id and its index
+in the turn, so batching never changes what is drawn; the log-prob recorded is that of the distribution
+the token was drawn from, which equals the learner's at temperature 1 and top_p 1).
+
+Expert capacity: capacity dispatch drops tokens depending on the rest of the batch, which would make a
+request's tokens depend on its batch-mates. The sampler runs the model with `sampling_config(cfg)`: for
+dispatch 'capacity' the capacity factor is n_experts / top_k, so every expert has room for every token of
+the call (nothing is ever dropped); other dispatches are dropless already. That room costs E / k times
+the expert FLOPs of a dropless kernel, so each MoE layer first runs with a smaller factor
+(PREFILL_CAPACITY, DECODE_CAPACITY) and runs again with E / k only if that pass dropped an assignment
+(`moe_dropless`; `stats()['moe_redo_rate']`): the output is the dropless one either way.
+
+Layers: the sampler runs the model's layers unrolled over per-layer weight and cache buffers
+(`forward_unstacked`), the same maths as model.forward (the tests compare the two), without the per-layer
+copies of weights and cache that the layer scan costs on XLA:CPU.
+
+Params: `update_params` swaps the weights used from the next device call on. A turn that is generating
+across the swap continues with the new weights over a cache written by the old ones (the learner's
+truncated importance-sampling correction covers the difference).
+"""
+
+import dataclasses
+import functools
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from composer import attention, kv_cache, layers, moe, sampling
+from composer.kv_cache import KVCache
+from composer.model_config import ModelConfig
+
+__all__ = ["Sampler", "TurnOutput", "default_buckets", "sampling_config"]
+
+# Expert capacity factors of the first pass of each MoE layer (see `moe_dropless`); the second pass, run
+# only when the first dropped an assignment, uses E / k, which never drops. A prefill has many tokens, so
+# its expert loads sit close to the mean; a decode step has one token per slot, so they vary more.
+PREFILL_CAPACITY = 1.5
+DECODE_CAPACITY = 3.0
+# The smallest attention window of a decode call; windows are length_buckets(_MIN_WINDOW, max_len).
+_MIN_WINDOW = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnOutput:
+    """One finished turn: the generated ids (the last is eos when stop is 'eos'), the log-prob of each,
+    and why it stopped ('eos' | 'length'). The same fields as env.rollout.episode.TurnOutput, which the
+    rollout driver reads (defined here too: traced code does not import the host-side rollout package)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    stop: str
+
+
+def sampling_config(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` with an expert capacity that never drops a token (dispatch 'capacity': factor E / k, so an
+    expert's capacity equals the call's token count); dropless dispatches are returned unchanged."""
+    if cfg.dispatch != "capacity":
+        return cfg
+    return dataclasses.replace(cfg, capacity_factor=cfg.n_experts / cfg.top_k)
+
+
+def length_buckets(low: int, max_len: int) -> tuple[int, ...]:
+    """low * 2^i and 1.5 * low * 2^i below max_len, then max_len: a length rounds up by at most 1.5x,
+    and a cache of max_len has about 2 log2(max_len / low) shapes to compile."""
+    buckets, n = [], low
+    while n < max_len:
+        buckets += [n, n * 3 // 2]
+        n *= 2
+    return (*sorted(b for b in buckets if b < max_len), max_len)
+
+
+def default_buckets(max_len: int) -> tuple[int, ...]:
+    """Prefill length buckets: 32, 48, 64, 96, ... capped by (and always including) max_len."""
+    return length_buckets(32, max_len)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@jax.jit
+def unstack_layers(params: dict) -> dict:
+    """The model's params with the layer stacks replaced by `layers`: one dict per layer, in order (the
+    dense layers, then the MoE layers), each weight its own buffer."""
+    out = {k: v for k, v in params.items() if k not in ("dense_layers", "moe_layers")}
+    out["layers"] = tuple(
+        jax.tree.map(lambda x, i=i: x[i], params[name])
+        for name in ("dense_layers", "moe_layers")
+        if name in params
+        for i in range(jax.tree.leaves(params[name])[0].shape[0])
+    )
+    return out
+
+
+class LayerCaches(NamedTuple):
+    """The KV cache as one buffer per layer: k[i], v[i]: [1, b, s, g, h] (layer i), lengths: [b] int32."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    lengths: jax.Array
+
+
+def init_layer_caches(cfg: ModelConfig, batch: int, max_len: int) -> LayerCaches:
+    """An empty per-layer cache for `batch` rows of up to `max_len` tokens."""
+    shape = (1, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+    k, v = ([jnp.zeros(shape, cfg.compute_jnp_dtype) for _ in range(cfg.n_layers)] for _ in range(2))
+    return LayerCaches(k=tuple(k), v=tuple(v), lengths=jnp.zeros((batch,), jnp.int32))
+
+
+def moe_dropless(
+    p: dict, x_btd: jax.Array, valid_bt: jax.Array, cfg: ModelConfig, first_capacity: float
+) -> tuple[jax.Array, jax.Array]:
+    """The MoE layer with no dropped assignment, trying a smaller expert capacity first.
+
+    With capacity dispatch and first_capacity below cfg.capacity_factor (which must never drop), the
+    layer runs with factor first_capacity and, only if that dropped an assignment, again with
+    cfg.capacity_factor: the output is the dropless one either way, and most calls pay for the smaller
+    capacity only. Returns (y [b, t, d], whether the second pass ran).
+    """
+    if cfg.dispatch != "capacity" or first_capacity >= cfg.capacity_factor:
+        return moe.moe_layer(p, x_btd, valid_bt, cfg)[0], jnp.zeros((), bool)
+    y_btd, aux = moe.moe_layer(p, x_btd, valid_bt, dataclasses.replace(cfg, capacity_factor=first_capacity))
+    redo = aux["dropped_fraction"] > 0
+    y_btd = jax.lax.cond(redo, lambda: moe.moe_layer(p, x_btd, valid_bt, cfg)[0], lambda: y_btd)
+    return y_btd, redo
+
+
+def forward_unstacked(
+    params_u: dict,
+    tokens_bt: jax.Array,
+    positions_bt: jax.Array,
+    cfg: ModelConfig,
+    cache: LayerCaches,
+    first_capacity: float,
+    logits_at_b: jax.Array | None = None,
+) -> tuple[jax.Array, LayerCaches, jax.Array]:
+    """model.forward with a cache, over `unstack_layers(params)` and per-layer caches, layers unrolled.
+
+    The same maths as model.forward (pre-norm: x += Attn(RMSNorm(x)); x += FFN(RMSNorm(x)); final norm;
+    logits), from the model's own attention, MoE and SwiGLU functions; the tests compare the two. Why not
+    model.forward itself: its layer scan slices every layer's weights out of the stacked arrays and its
+    keys/values out of the [L, ...] cache, and XLA:CPU materialises those slices (copies of all the
+    expert weights and of the cache, every layer of every decode step: about 40% of a decode step of
+    the peer-shape model); per-layer buffers need no slice, and each layer's cache is written in place.
+    MoE layers run through `moe_dropless` with first_capacity. With logits_at_b ([b] int32) only the
+    logits of token logits_at_b[i] of each row are computed (a prefill needs its last position's only).
+    Returns (logits [b, t, v] float32, or [b, 1, v] with logits_at_b; the cache; the number of MoE
+    layers that needed their second pass).
+    """
+    dtype = cfg.compute_jnp_dtype
+    positions_bt = positions_bt.astype(jnp.int32)
+    valid_bt = positions_bt >= 0
+    x_btd = jnp.take(params_u["embed"], tokens_bt, axis=0).astype(dtype)
+    plan = kv_cache.plan_write(cache.lengths, positions_bt, cache.k[0].shape[2])
+    redone, k_out, v_out = jnp.zeros((), jnp.int32), [], []
+    for p, k, v in zip(params_u["layers"], cache.k, cache.v, strict=True):
+        one = KVCache(k=k, v=v, lengths=cache.lengths)
+        h_btd = layers.rms_norm(x_btd, p["attn_norm"], cfg.rms_eps)
+        a_btd, one = attention.attention_layer(p["attn"], h_btd, positions_bt, cfg, jnp.int32(0), one, plan)
+        x_btd = x_btd + a_btd
+        h_btd = layers.rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps)
+        if "moe" in p:
+            y_btd, redo = moe_dropless(p["moe"], h_btd, valid_bt, cfg, first_capacity)
+            redone = redone + redo.astype(jnp.int32)
+        else:
+            y_btd = layers.swiglu(h_btd, p["mlp"]["w_gate"], p["mlp"]["w_up"], p["mlp"]["w_down"])
+        x_btd = x_btd + y_btd
+        k_out.append(one.k)
+        v_out.append(one.v)
+    if logits_at_b is not None:
+        x_btd = jnp.take_along_axis(x_btd, logits_at_b[:, None, None], axis=1)
+    x_btd = layers.rms_norm(x_btd, params_u["final_norm"], cfg.rms_eps)
+    w_dv = params_u["embed"].T if cfg.tie_embeddings else params_u["unembed"]
+    logits_btv = jnp.einsum("btd,dv->btv", x_btd, w_dv.astype(dtype), preferred_element_type=jnp.float32)
+    return logits_btv, LayerCaches(tuple(k_out), tuple(v_out), plan.lengths_b), redone
+
+
+class SlotState(NamedTuple):
+    """The decode state of every slot, [b] int32 each."""
+
+    token_b: jax.Array  # the last drawn token, fed at the next step
+    position_b: jax.Array  # its position (= its cache index); -1: the slot is idle
+    index_b: jax.Array  # index in the turn of the next token to draw (its key's index)
+    max_new_b: jax.Array  # the turn ends once index reaches this
+    seed_b: jax.Array  # sampling.request_seed of the slot's request
+
+
+class DecodeOut(NamedTuple):
+    tokens_nb: jax.Array  # [n, b] int32, token drawn at step j by slot b
+    logprobs_nb: jax.Array  # [n, b] float32
+    kept_nb: jax.Array  # [n, b] bool: slot b was active at step j (the token belongs to its turn)
+    moe_redone: jax.Array  # int32 scalar: MoE layer passes redone with full capacity, over all steps
+    steps: jax.Array  # int32 scalar: steps run (< n when every slot went idle early)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "top_p"), donate_argnames=("cache",))
+def prefill(
+    params: dict,
+    cache: LayerCaches,
+    tokens_rt: jax.Array,
+    lengths_r: jax.Array,
+    slots_r: jax.Array,
+    seeds_r: jax.Array,
+    base_key: jax.Array,
+    *,
+    cfg: ModelConfig,
+    temperature: float,
+    top_p: float,
+) -> tuple[LayerCaches, jax.Array, jax.Array, jax.Array]:
+    """Prefills r prompts into slots `slots_r` of the slot cache and draws their first tokens.
+
+    tokens_rt: int32 [r, t], row i's prompt in its first lengths_r[i] entries; rows with slot index >= the
+    cache's batch (padding rows, lengths 0) are computed but not written. Returns (cache with the rows'
+    keys/values at positions [0, t) and lengths set, first tokens [r], their log-probs [r], the number
+    of MoE layers that ran a second, full-capacity pass).
+    """
+    r, t = tokens_rt.shape
+    t_idx = jnp.arange(t, dtype=jnp.int32)
+    positions_rt = jnp.where(t_idx[None, :] < lengths_r[:, None], t_idx[None, :], -1)
+    last_r = jnp.maximum(lengths_r - 1, 0)
+
+    small = init_layer_caches(cfg, r, t)
+    logits_r1v, small, redone = forward_unstacked(
+        params, tokens_rt, positions_rt, cfg, small, PREFILL_CAPACITY, last_r
+    )
+    logits_rv = logits_r1v[:, 0]
+    keys_r = sampling.token_keys(base_key, seeds_r, jnp.zeros_like(seeds_r))
+    tokens_r, logprobs_r = sampling.sample(keys_r, logits_rv, temperature, top_p)
+    # Scatter along the batch axis into the donated buffers; out-of-range slots (padding rows) are dropped.
+    k = tuple(big.at[:, slots_r, :t].set(new, mode="drop") for big, new in zip(cache.k, small.k))
+    v = tuple(big.at[:, slots_r, :t].set(new, mode="drop") for big, new in zip(cache.v, small.v))
+    lengths = cache.lengths.at[slots_r].set(lengths_r, mode="drop")
+    return LayerCaches(k=k, v=v, lengths=lengths), tokens_r, logprobs_r, redone
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("cfg", "n_steps", "window", "temperature", "top_p"),
+    donate_argnames=("cache",),
+)
+def decode(
+    params: dict,
+    cache: LayerCaches,
+    state: SlotState,
+    base_key: jax.Array,
+    eos_id: jax.Array,
+    *,
+    cfg: ModelConfig,
+    n_steps: int,
+    window: int,
+    temperature: float,
+    top_p: float,
+) -> tuple[LayerCaches, SlotState, DecodeOut]:
+    """Up to n_steps decode steps of every slot in one call (stops early once every slot is idle).
+
+    Attention and cache writes use the first `window` cache positions only (the caller guarantees that
+    every active slot stays below it: position + n_steps <= window). A slot's turn ends when it draws
+    eos_id (-1: never) or when index reaches max_new; it then goes idle (position -1).
+    Returns (cache, final state, outputs).
+    """
+    b = state.token_b.shape[0]
+    full = cache.k[0].shape[2]
+    if window < full:
+        work = LayerCaches(
+            k=tuple(k[:, :, :window] for k in cache.k),
+            v=tuple(v[:, :, :window] for v in cache.v),
+            lengths=cache.lengths,
+        )
+    else:
+        work = cache
+    out0 = (
+        jnp.zeros((n_steps, b), jnp.int32),
+        jnp.zeros((n_steps, b), jnp.float32),
+        jnp.zeros((n_steps, b), bool),
+        jnp.zeros((), jnp.int32),
+    )
+
+    def cond(carry):
+        j, st, _, _ = carry
+        return (j < n_steps) & jnp.any(st.position_b >= 0)
+
+    def body(carry):
+        j, st, work, (tokens_nb, logprobs_nb, kept_nb, redone_total) = carry
+        logits_b1v, work, redone = forward_unstacked(
+            params, st.token_b[:, None], st.position_b[:, None], cfg, work, DECODE_CAPACITY
+        )
+        active_b = st.position_b >= 0
+        keys_b = sampling.token_keys(base_key, st.seed_b, st.index_b)
+        tok_b, logp_b = sampling.sample(keys_b, logits_b1v[:, 0], temperature, top_p)
+        index_b = st.index_b + active_b.astype(jnp.int32)
+        done_b = (tok_b == eos_id) | (index_b >= st.max_new_b)
+        st = st._replace(
+            token_b=jnp.where(active_b, tok_b, st.token_b),
+            position_b=jnp.where(active_b & ~done_b, st.position_b + 1, -1),
+            index_b=index_b,
+        )
+        outs = (
+            tokens_nb.at[j].set(tok_b),
+            logprobs_nb.at[j].set(logp_b),
+            kept_nb.at[j].set(active_b),
+            redone_total + redone,
+        )
+        return j + 1, st, work, outs
+
+    steps, state, work, outs = jax.lax.while_loop(cond, body, (jnp.int32(0), state, work, out0))
+    if window < full:
+        origin = (0, 0, 0, 0, 0)
+        work = LayerCaches(
+            k=tuple(jax.lax.dynamic_update_slice(k, w, origin) for k, w in zip(cache.k, work.k)),
+            v=tuple(jax.lax.dynamic_update_slice(v, w, origin) for v, w in zip(cache.v, work.v)),
+            lengths=work.lengths,
+        )
+    return work, state, DecodeOut(*outs, steps=steps)
+
+
+@dataclasses.dataclass
+class _Request:
+    request_id: str
+    prompt: list[int]
+    max_new: int
+    seed: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+class Sampler:
+    """Continuous-batching sampler with the engine protocol add / step / pending (module docstring)."""
+
+    def __init__(
+        self,
+        params: Any,
+        cfg: ModelConfig,
+        *,
+        slots: int,
+        max_len: int,
+        steps_per_call: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        eos_id: int | None,
+        key: jax.Array,
+        prefill_buckets: Sequence[int] | None = None,
+    ):
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        self.cfg = sampling_config(cfg)
+        self.n_moe_layers = cfg.n_moe_layers
+        self.params, self.version = unstack_layers(params), 0
+        self.slots, self.max_len, self.steps_per_call = slots, max_len, steps_per_call
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.eos_id = -1 if eos_id is None else int(eos_id)
+        self.key = key
+        self.buckets = tuple(sorted(set(prefill_buckets or default_buckets(max_len))))
+        if self.buckets[-1] < max_len:
+            self.buckets = (*self.buckets, max_len)
+        self.windows = length_buckets(_MIN_WINDOW, max_len)
+        self.cache = init_layer_caches(self.cfg, slots, max_len)
+        self.state = SlotState(*(np.zeros(slots, np.int32) for _ in SlotState._fields))  # host, numpy
+        self.state.position_b[:] = -1
+        self.slot_request: list[_Request | None] = [None] * slots
+        self.waiting: deque[_Request] = deque()
+        self.known: set[str] = set()
+        self._generate_calls = 0
+        self.counters = dict.fromkeys(
+            (
+                "tokens_generated", "decode_tokens", "decode_slot_steps", "decode_steps", "decode_calls",
+                "prefill_tokens", "prefill_padded_tokens", "prefill_calls", "turns",
+                "moe_passes", "moe_redone",
+            ),
+            0,
+        )  # fmt: skip
+        self.times = {"prefill_s": 0.0, "decode_s": 0.0}
+
+    # ---- the engine protocol
+
+    def add(self, request_id: str, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
+        """Queues one turn. It generates at most max_new_tokens, and at most max_len - len(prompt) + 1
+        (the last token drawn is never fed back, so it needs no cache entry); a cut turn stops 'length'."""
+        prompt = [int(i) for i in prompt_ids]
+        if not 0 < len(prompt) <= self.max_len:
+            raise ValueError(f"prompt of {len(prompt)} tokens: need 1..max_len={self.max_len}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if request_id in self.known:
+            raise ValueError(f"request {request_id!r} is already queued or generating")
+        max_new = min(max_new_tokens, self.max_len - len(prompt) + 1)
+        self.known.add(request_id)
+        self.waiting.append(_Request(request_id, prompt, max_new, sampling.request_seed(request_id)))
+
+    def step(self) -> list[TurnOutput]:
+        """PREFILL waiting requests into free slots, then up to steps_per_call DECODE steps in one call.
+        Returns the turns that finished."""
+        finished: list[TurnOutput] = []
+        free = [s for s in range(self.slots) if self.slot_request[s] is None]
+        take = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        groups: dict[int, list[tuple[int, _Request]]] = {}
+        for slot, req in zip(free, take):
+            groups.setdefault(self._bucket(len(req.prompt)), []).append((slot, req))
+        for width, group in sorted(groups.items()):
+            finished += self._prefill(width, group)
+        if any(r is not None for r in self.slot_request):
+            finished += self._decode()
+        return finished
+
+    def pending(self) -> int:
+        """Requests queued or generating."""
+        return len(self.waiting) + sum(r is not None for r in self.slot_request)
+
+    # ---- the rest of the interface
+
+    def update_params(self, params: Any, version: int) -> None:
+        """Uses `params` (policy version `version`) from the next device call on."""
+        self.params, self.version = unstack_layers(params), int(version)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, request_ids: Sequence[str] | None = None
+    ) -> list[TurnOutput]:
+        """Adds every prompt and steps until all are done; the outputs in prompt order. Without request_ids
+        each call uses fresh ids ('g{call}-{i}'), so repeated calls draw different tokens."""
+        if request_ids is None:
+            request_ids = [f"g{self._generate_calls}-{i}" for i in range(len(prompts))]
+        self._generate_calls += 1
+        for rid, prompt in zip(request_ids, prompts, strict=True):
+            self.add(rid, prompt, max_new_tokens)
+        done: dict[str, TurnOutput] = {}
+        wanted = set(request_ids)
+        while not wanted <= done.keys():
+            for out in self.step():
+                done[out.request_id] = out
+        return [done[rid] for rid in request_ids]
+
+    def stats(self) -> dict[str, float]:
+        """Counters since construction: tokens generated (prefill's first tokens included), decode tokens
+        and slot-steps (occupancy = decode tokens kept / decode slot-steps), prefill tokens (real and
+        padded), calls, MoE layer passes (and the share redone with full expert capacity), wall times and
+        the prefill share of them, tokens/s, the policy version."""
+        c, t = self.counters, self.times
+        wall = t["prefill_s"] + t["decode_s"]
+        return {
+            **c,
+            **t,
+            "occupancy": c["decode_tokens"] / max(1, c["decode_slot_steps"]),
+            "prefill_share": t["prefill_s"] / wall if wall else 0.0,
+            "moe_redo_rate": c["moe_redone"] / max(1, c["moe_passes"]),
+            "tokens_per_s": c["tokens_generated"] / wall if wall else 0.0,
+            "version": self.version,
+        }
+
+    # ---- internals
+
+    def _bucket(self, n: int) -> int:
+        return next(b for b in self.buckets if b >= n)
+
+    def _finish(self, slot: int | None, req: _Request) -> TurnOutput:
+        if slot is not None:
+            self.slot_request[slot] = None
+        self.known.discard(req.request_id)
+        self.counters["turns"] += 1
+        stop = "eos" if req.tokens[-1] == self.eos_id else "length"
+        return TurnOutput(req.request_id, req.tokens, req.logprobs, stop)
+
+    def _prefill(self, width: int, group: list[tuple[int, _Request]]) -> list[TurnOutput]:
+        start = time.perf_counter()
+        rows = min(_pow2_at_least(len(group)), self.slots)
+        tokens = np.zeros((rows, width), np.int32)
+        lengths = np.zeros(rows, np.int32)
+        slots = np.full(rows, self.slots, np.int32)  # out of range: padding rows are not written
+        seeds = np.zeros(rows, np.int32)
+        for i, (slot, req) in enumerate(group):
+            tokens[i, : len(req.prompt)] = req.prompt
+            lengths[i], slots[i], seeds[i] = len(req.prompt), slot, req.seed
+        self.cache, first, logp, redone = prefill(
+            self.params, self.cache, tokens, lengths, slots, seeds, self.key,
+            cfg=self.cfg, temperature=self.temperature, top_p=self.top_p,
+        )  # fmt: skip
+        first, logp, redone = jax.device_get((first, logp, redone))
+        finished = []
+        st = self.state
+        for i, (slot, req) in enumerate(group):
+            req.tokens.append(int(first[i]))
+            req.logprobs.append(float(logp[i]))
+            if req.tokens[-1] == self.eos_id or req.max_new == 1:
+                finished.append(self._finish(None, req))
+                continue
+            self.slot_request[slot] = req
+            st.token_b[slot], st.position_b[slot], st.index_b[slot] = first[i], len(req.prompt), 1
+            st.max_new_b[slot], st.seed_b[slot] = req.max_new, req.seed
+        c = self.counters
+        c["prefill_calls"] += 1
+        c["moe_passes"] += self.n_moe_layers
+        c["moe_redone"] += int(redone)
+        c["prefill_tokens"] += int(lengths.sum())
+        c["prefill_padded_tokens"] += rows * width
+        c["tokens_generated"] += len(group)
+        self.times["prefill_s"] += time.perf_counter() - start
+        return finished
+
+    def _decode(self) -> list[TurnOutput]:
+        start = time.perf_counter()
+        n = self.steps_per_call
+        top = int(self.state.position_b.max()) + n
+        window = next(w for w in self.windows if w >= min(top, self.max_len))
+        self.cache, state, out = decode(
+            self.params, self.cache, self.state, self.key, np.int32(self.eos_id), cfg=self.cfg, n_steps=n,
+            window=window, temperature=self.temperature, top_p=self.top_p,
+        )  # fmt: skip
+        state, out = jax.device_get((state, out))
+        self.state = SlotState(*(np.array(x) for x in state))  # writable host copies
+        finished = []
+        for slot, req in enumerate(self.slot_request):
+            if req is None:
+                continue
+            kept = out.kept_nb[:, slot]
+            req.tokens += out.tokens_nb[kept, slot].tolist()
+            req.logprobs += out.logprobs_nb[kept, slot].tolist()
+            if self.state.position_b[slot] < 0:
+                finished.append(self._finish(slot, req))
+        kept_total = int(out.kept_nb.sum())
+        c = self.counters
+        c["decode_calls"] += 1
+        c["decode_steps"] += int(out.steps)
+        c["decode_slot_steps"] += int(out.steps) * self.slots
+        c["decode_tokens"] += kept_total
+        c["moe_passes"] += int(out.steps) * self.n_moe_layers
+        c["moe_redone"] += int(out.moe_redone)
+        c["tokens_generated"] += kept_total
+        self.times["decode_s"] += time.perf_counter() - start
+        return finished

@@ -1,0 +1,76 @@
+"""The sampling maths of the sampler: per-request keys, temperature and top-p (nucleus) sampling, log-probs.
+
+Keys. Token i of request r is drawn with
+
+    key(r, i) = fold_in(fold_in(base_key, seed(r)), i),    seed(r) = a stable hash of the request id,
+
+so a token's key depends only on its request and its index in the turn, never on the decode slot, the other
+requests in the batch or the step at which it was generated: continuous batching draws the same tokens as
+generating each request alone.
+
+Distribution. With logits z [v] and temperature T > 0, the sampling distribution is
+
+    q(x) = softmax(z / T)(x) restricted to the nucleus N_p and renormalised,
+    N_p  = the smallest set of most probable tokens (under softmax(z / T)) whose total probability >= p,
+
+and the recorded log-prob of the drawn token x is log q(x), the log-prob under the distribution it was
+actually drawn from (the behaviour policy of RL). At T = 1 and p = 1, q = softmax(z), so log q(x) equals the
+learner's log_softmax(z)(x). Otherwise the two differ: the learner scores softmax(z) while tokens came from
+q, and the loss's importance-sampling correction (truncated ratio learner / sampler) sees that gap as
+staleness. T = 0 is greedy (argmax); its distribution is a point mass, so the recorded log-prob is 0 (the
+same as a nucleus of one token, the limit p -> 0).
+"""
+
+import hashlib
+
+import jax
+import jax.numpy as jnp
+
+
+def request_seed(request_id: str) -> int:
+    """A seed in [0, 2^31) that depends only on the request id (stable across processes and runs)."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+
+
+def token_keys(base_key: jax.Array, seed_b: jax.Array, index_b: jax.Array) -> jax.Array:
+    """key(r, i) = fold_in(fold_in(base_key, seed_b), index_b) for each row b: [b] keys."""
+
+    def one(seed, index):
+        return jax.random.fold_in(jax.random.fold_in(base_key, seed), index)
+
+    return jax.vmap(one)(seed_b, index_b)
+
+
+def nucleus_logits(logits_bv: jax.Array, top_p: float) -> jax.Array:
+    """logits with every token outside the top-p nucleus set to -inf (the most probable token is always kept).
+
+    A token j is in the nucleus iff the probability of the tokens strictly more probable than it is < p; a
+    token tied with the last kept one is kept too.
+    """
+    probs_bv = jax.nn.softmax(logits_bv, axis=-1)
+    sorted_bv = jnp.flip(jnp.sort(probs_bv, axis=-1), axis=-1)  # descending
+    before_bv = jnp.cumsum(sorted_bv, axis=-1) - sorted_bv  # mass of the more probable tokens
+    n_keep_b = jnp.maximum(jnp.sum(before_bv < top_p, axis=-1), 1)
+    threshold_b = jnp.take_along_axis(sorted_bv, n_keep_b[:, None] - 1, axis=-1)
+    return jnp.where(probs_bv >= threshold_b, logits_bv, -jnp.inf)
+
+
+def sample(
+    keys_b: jax.Array, logits_bv: jax.Array, temperature: float, top_p: float
+) -> tuple[jax.Array, jax.Array]:
+    """Draws one token per row and its log-prob under the distribution it was drawn from (module docstring).
+
+    keys_b: [b] keys; logits_bv: [b, v] float32; temperature >= 0 and 0 < top_p <= 1 are static.
+    Returns (tokens [b] int32, logprobs [b] float32).
+    """
+    logits_bv = logits_bv.astype(jnp.float32)
+    if temperature == 0.0:
+        return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32), jnp.zeros(logits_bv.shape[:1], jnp.float32)
+    scaled_bv = logits_bv / temperature if temperature != 1.0 else logits_bv
+    if top_p < 1.0:
+        scaled_bv = nucleus_logits(scaled_bv, top_p)
+    tokens_b = jax.vmap(jax.random.categorical)(keys_b, scaled_bv).astype(jnp.int32)
+    logp_bv = jax.nn.log_softmax(scaled_bv, axis=-1)
+    logprobs_b = jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0]
+    return tokens_b, logprobs_b
