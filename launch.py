@@ -13,13 +13,17 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from composer import run
+from composer import distributed, run
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file[:variant].", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default runs/<experiment>-<timestamp>).")
 _MODE = flags.DEFINE_enum("mode", "train", run.MODES, "What to run: " + "; ".join(run.MODE_HELP))
+# Multi-host (composer/distributed.py): unset here and in JAX_COORDINATOR_ADDRESS etc. = one process.
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
 flags.mark_flag_as_required("config")
 
 
@@ -37,6 +41,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     workdir = _WORKDIR.value or f"runs/{config.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     run.main(config, workdir, _MODE.value)
 

@@ -13,13 +13,15 @@ Auxiliary losses over the N valid (non-padding) tokens of the batch, returned un
 
 The expert FFN is run by ONE function chosen by cfg.dispatch in DISPATCH_IMPLS, with the signature
     experts(x_md, expert_mk, weight_mk, valid_m, p, cfg) -> (y_md, dropped_fraction)
-'capacity' pads each expert's tokens to a fixed capacity and drops overflow; every other entry is the
-dropless path over a grouped matmul with jax.lax.ragged_dot semantics (a new kernel is one more entry).
+'capacity' pads each expert's tokens to a fixed capacity and drops overflow; 'ragged_dot', 'gmm' and
+'gmm_fp8' are the dropless path over a grouped matmul with jax.lax.ragged_dot semantics (a new kernel is
+one more entry); the 'ep_*' entries run those two across the mesh's 'expert' axis (expert parallelism).
 """
 
 import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +66,7 @@ def aux_losses(logits_me: jax.Array, expert_mk: jax.Array, valid_m: jax.Array) -
     }
 
 
-def _expert_swiglu(x_ecd: jax.Array, p: dict) -> jax.Array:
+def expert_swiglu(x_ecd: jax.Array, p: dict) -> jax.Array:
     """SwiGLU of every expert on its own rows: [e, c, d] -> [e, c, d], one batched einsum per weight."""
     dtype = x_ecd.dtype
     gate = jnp.einsum("ecd,edf->ecf", x_ecd, p["w_gate"].astype(dtype))
@@ -77,18 +79,23 @@ def capacity(n_tokens: int, cfg: ModelConfig) -> int:
     return max(1, min(n_tokens, math.ceil(cfg.capacity_factor * n_tokens * cfg.top_k / cfg.n_experts)))
 
 
-def experts_capacity(
-    x_md: jax.Array, expert_mk: jax.Array, weight_mk: jax.Array, valid_m: jax.Array, p: dict, cfg: ModelConfig
-) -> tuple[jax.Array, jax.Array]:
-    """Capacity dispatch: sort token-slots by expert, pad each expert to c slots, one batched einsum.
+class CapacityPlan(NamedTuple):
+    """Where each token-slot assignment a = j * m + i (k-major) sits in the [e, c] dispatch buffer."""
+
+    slot_a: jax.Array  # int32 [m k]: flat slot e * c + rank (clipped; meaningful where kept)
+    kept_a: jax.Array  # bool [m k]: a real assignment that fit in its expert's capacity
+    real_a: jax.Array  # bool [m k]: the assignment of a valid (non-padding) token
+
+
+def capacity_dispatch(
+    x_md: jax.Array, expert_mk: jax.Array, valid_m: jax.Array, n_experts: int, c: int
+) -> tuple[jax.Array, CapacityPlan]:
+    """Sorts token-slots by expert into a zero-padded buffer x_ecd [e, c, d] and returns where each went.
 
     Priority within an expert is k-major (all first choices, in token order, before any second choice),
-    as in GShard, so overflow drops the least preferred assignments. Dropped assignments contribute
-    nothing (the residual stream carries the token). Padding tokens take no slot. Returns
-    (y_md, dropped_fraction = dropped valid assignments / valid assignments).
+    as in GShard, so overflow drops the least preferred assignments. Padding tokens take no slot.
     """
     m, k = expert_mk.shape
-    n_experts, c = cfg.n_experts, capacity(m, cfg)
     # Assignment a = j * m + i (k-major); padding goes to a virtual expert E that owns no slot.
     expert_a = jnp.where(valid_m[None, :], expert_mk.T, n_experts).reshape(-1)
     token_a = jnp.tile(jnp.arange(m, dtype=jnp.int32), k)
@@ -101,19 +108,36 @@ def experts_capacity(
     sorted_ec = jnp.clip(starts_e[:, None] + slot_c, 0, m * k - 1)
     filled_ec = slot_c < counts_e[:, None]
     x_ecd = jnp.where(filled_ec[..., None], x_md[token_a[order_a[sorted_ec]]], 0)
-    out_ecd = _expert_swiglu(x_ecd, p)
 
-    # COMBINE: assignment a reads slot (e_a, rank of a within e_a) if that rank is below the capacity.
+    # Assignment a reads slot (e_a, rank of a within e_a) if that rank is below the capacity.
     expert_sorted = expert_a[order_a]
     rank_sorted = jnp.arange(m * k, dtype=jnp.int32) - jnp.append(starts_e, 0)[expert_sorted]
     rank_a = jnp.zeros_like(rank_sorted).at[order_a].set(rank_sorted)
     real_a = expert_a < n_experts
     kept_a = real_a & (rank_a < c)
     slot_a = jnp.minimum(expert_a, n_experts - 1) * c + jnp.minimum(rank_a, c - 1)
-    out_ad = out_ecd.reshape(n_experts * c, -1)[slot_a].astype(jnp.float32)
-    weight_a = weight_mk.T.reshape(-1) * kept_a
-    y_md = jnp.sum((out_ad * weight_a[:, None]).reshape(k, m, -1), axis=0)
-    dropped = jnp.sum(real_a & ~kept_a) / jnp.maximum(jnp.sum(real_a), 1)
+    return x_ecd, CapacityPlan(slot_a=slot_a, kept_a=kept_a, real_a=real_a)
+
+
+def capacity_combine(out_ecd: jax.Array, plan: CapacityPlan, weight_mk: jax.Array) -> jax.Array:
+    """COMBINE: y_i = sum_j w_ij out[slot of (i, j)] over kept assignments. Returns y_md float32."""
+    m, k = weight_mk.shape
+    out_ad = out_ecd.reshape(-1, out_ecd.shape[-1])[plan.slot_a].astype(jnp.float32)
+    weight_a = weight_mk.T.reshape(-1) * plan.kept_a
+    return jnp.sum((out_ad * weight_a[:, None]).reshape(k, m, -1), axis=0)
+
+
+def experts_capacity(
+    x_md: jax.Array, expert_mk: jax.Array, weight_mk: jax.Array, valid_m: jax.Array, p: dict, cfg: ModelConfig
+) -> tuple[jax.Array, jax.Array]:
+    """Capacity dispatch: sort token-slots by expert, pad each expert to c slots, one batched einsum.
+
+    Priority and padding as in capacity_dispatch. Dropped assignments contribute nothing (the residual
+    stream carries the token). Returns (y_md, dropped_fraction = dropped valid / valid assignments).
+    """
+    x_ecd, plan = capacity_dispatch(x_md, expert_mk, valid_m, cfg.n_experts, capacity(x_md.shape[0], cfg))
+    y_md = capacity_combine(expert_swiglu(x_ecd, p), plan, weight_mk)
+    dropped = jnp.sum(plan.real_a & ~plan.kept_a) / jnp.maximum(jnp.sum(plan.real_a), 1)
     return y_md.astype(x_md.dtype), dropped.astype(jnp.float32)
 
 
@@ -154,6 +178,10 @@ DISPATCH_IMPLS: dict[str, str | Callable] = {
     "ragged_dot": functools.partial(experts_dropless, gmm=jax.lax.ragged_dot),
     "gmm": functools.partial(experts_dropless, gmm="kernels_pallas.gmm.ops:gmm"),
     "gmm_fp8": functools.partial(experts_dropless, gmm="kernels_pallas.fp8_gmm.ops:gmm_fp8"),
+    # Expert parallelism over the context mesh's 'expert' axis (composer/expert_parallel.py): a dense
+    # all_to_all with per-expert capacity (any backend), or ragged_all_to_all + ragged_dot (GPU / TPU).
+    "ep_capacity": "composer.expert_parallel:experts_ep_capacity",
+    "ep_ragged_dot": "composer.expert_parallel:experts_ep_ragged",
 }
 
 

@@ -305,14 +305,21 @@ POOLS = {"local": LocalPool}
 
 def make_pool(config: Any) -> RolloutPool:
     """The pool named by `config.env.rollout_backend`, sized by `config.env.n_workers`, its commands limited
-    to `config.env.command_timeout_s`."""
-    try:
-        cls = POOLS[config.env.rollout_backend]
-    except KeyError:
-        raise ValueError(
-            f"unknown env.rollout_backend {config.env.rollout_backend!r}; known: {sorted(POOLS)}"
-        ) from None
+    to `config.env.command_timeout_s`. 'ray' (env/rollout/ray_pool.py, imported only when chosen) connects
+    to the cluster at `config.env.ray_address` ('' : RAY_ADDRESS, else a local cluster)."""
+    backend = config.env.rollout_backend
+    if backend != "ray" and backend not in POOLS:
+        raise ValueError(f"unknown env.rollout_backend {backend!r}; known: {sorted([*POOLS, 'ray'])}")
     from env.sandbox import Limits
 
     limits = Limits(timeout_s=config.env.command_timeout_s)
-    return cls(config.env.n_workers, isolation=config.env.isolation, limits=limits)
+    if backend == "ray":
+        from env.rollout.ray_pool import RayPool
+
+        return RayPool(
+            config.env.n_workers,
+            isolation=config.env.isolation,
+            limits=limits,
+            address=config.env.ray_address or None,
+        )
+    return POOLS[backend](config.env.n_workers, isolation=config.env.isolation, limits=limits)

@@ -1,0 +1,104 @@
+"""SFT and RL steps under meshes mixing data, fsdp, expert and tensor equal the single-device steps."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from composer import distributed, model, sharding, train
+from experiments import composer as composer_config
+
+# capacity_factor = n_experts / top_k: no token is dropped, so expert-parallel capacity dispatch and the
+# single-device capacity dispatch compute the same function.
+CFG = model.ModelConfig(
+    vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=32, capacity_factor=2.0
+)
+MESHES = [{"data": 2, "fsdp": 2, "expert": 2}, {"fsdp": 2, "expert": 2, "tensor": 2}]
+STEPS = {"sft": (train.sft_step, {}), "rl": (train.rl_step, {"hp": train.RLHParams()})}
+
+
+def _batch(key, m, b, t, rl):
+    k1, k2, k3 = jax.random.split(key, 3)
+    pos = jnp.broadcast_to(jnp.arange(t), (m, b, t))
+    valid = pos < jax.random.randint(k2, (m, b), t // 2, t + 1)[..., None]
+    batch = {
+        "tokens": jax.random.randint(k1, (m, b, t), 0, CFG.vocab_size),
+        "positions": jnp.where(valid, pos, -1),
+        "loss_mask": (valid & (pos >= 3)).astype(jnp.float32),
+    }
+    if rl:
+        batch["advantages"] = jax.random.normal(k3, (m, b))
+        batch["sampler_logprobs"] = jnp.full((m, b, t), -4.0)
+        batch["truncated"] = jnp.zeros((m, b), bool).at[0, 0].set(True)
+        batch["ref_logprobs"] = jnp.zeros((m, b, t))
+    return batch
+
+
+def _run(kind: str, sizes: dict, dispatch: str):
+    """One jitted step (train.jit_step) on a mesh of `sizes`; returns (state, metrics)."""
+    config = composer_config.get_config("tiny")
+    for axis in sharding.MESH_AXES:
+        config.mesh[axis] = sizes.get(axis, 1)
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[: math.prod(sizes.values())])
+    rules = tuple(config.mesh.rules)
+    cfg = dataclasses.replace(CFG, dispatch=dispatch)
+    optimizer = train.make_optimizer(config.optim, 1e-2, 10)
+    step_fn, static = STEPS[kind]
+    batch = _batch(jax.random.key(4), 2, 8, 16, rl=kind == "rl")
+    # The expert-parallel dispatch finds the mesh in context when the step is traced.
+    with jax.set_mesh(mesh):
+        params = sharding.init_sharded(jax.random.key(0), cfg, mesh, rules)
+        state = distributed.init_state(params, optimizer, mesh)
+        step = train.jit_step(step_fn, state, batch, mesh, rules, cfg=cfg, optimizer=optimizer, **static)
+        state, metrics = step(state, batch, jax.random.key(0))
+    return state, metrics
+
+
+def _spec(leaf) -> tuple:
+    """The leaf's PartitionSpec as a tuple without trailing Nones (P(a, None) and P(a) are one layout)."""
+    spec = tuple(leaf.sharding.spec)
+    while spec and spec[-1] is None:
+        spec = spec[:-1]
+    return spec
+
+
+def _leaf(tree, *keys):
+    """Leaves of `tree` whose path ends with the dict keys `keys` (e.g. params and Adam's mu / nu)."""
+    found = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        names = tuple(getattr(k, "key", None) for k in path[-len(keys) :])
+        if names == keys:
+            found.append(leaf)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sft", "rl"])
+def test_sharded_step_equals_single_device(kind):
+    ref_state, ref_metrics = _run(kind, {"data": 1}, "capacity")
+    ref_params = jax.device_get(ref_state.params)
+    for sizes in MESHES:
+        state, metrics = _run(kind, sizes, "ep_capacity")
+        for name in ("loss", "grad_norm", "load_balance_loss"):
+            np.testing.assert_allclose(metrics[name], ref_metrics[name], rtol=2e-5, err_msg=f"{sizes} {name}")
+        flat_ref = jax.tree.leaves(ref_params)
+        for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(state.params)[0], flat_ref, strict=True):
+            np.testing.assert_allclose(
+                a, b, rtol=1e-4, atol=2e-6, err_msg=f"{sizes} {jax.tree_util.keystr(path)}"
+            )
+
+        # No silent replication: expert weights and their Adam moments stay split over 'expert' (and
+        # 'fsdp' / 'tensor' where the mesh has them), exactly as the rules table places them.
+        expected = (None, "expert", "fsdp", "tensor") if "tensor" in sizes else (None, "expert", "fsdp")
+        w_gate = _leaf(state.params, "moe_layers", "moe", "w_gate")
+        moments = _leaf(state.opt_state, "moe_layers", "moe", "w_gate")
+        assert len(w_gate) == 1 and len(moments) == 2  # mu and nu
+        for leaf in w_gate + moments:
+            assert _spec(leaf) == expected, (sizes, leaf.sharding.spec)
+            n_devices = math.prod(sizes.values())
+            assert leaf.addressable_shards[0].data.size * (n_devices // sizes.get("data", 1)) == leaf.size
+        embed = _leaf(state.params, "embed")[0]
+        assert _spec(embed) == ("tensor" if "tensor" in sizes else None, "fsdp")
