@@ -87,7 +87,8 @@ def forward(
     positions; the new tokens are written at their positions and lengths become last position + 1).
     Returns (logits [b, t, v] float32, the updated cache (None without one), aux), where aux holds
     load_balance_loss and router_z_loss (means over the MoE layers, not multiplied by their
-    coefficients) and dropped_fraction (mean over MoE layers; 0 for dropless dispatch).
+    coefficients) and dropped_fraction (mean over MoE layers; 0 for dropless dispatch); with
+    cfg.value_head also values [b, t] float32 (the critic's estimate at every position).
     """
     dtype = cfg.compute_jnp_dtype
     positions_bt = positions_bt.astype(jnp.int32)
@@ -112,6 +113,10 @@ def forward(
     x_btd = layers.rms_norm(x_btd, params["final_norm"], cfg.rms_eps)
     w_dv = params["embed"].T if cfg.tie_embeddings else params["unembed"]
     logits_btv = jnp.einsum("btd,dv->btv", x_btd, w_dv.astype(dtype), preferred_element_type=jnp.float32)
+    if cfg.value_head:
+        head = params["value_head"]
+        values = jnp.einsum("btd,d->bt", x_btd, head["w"].astype(dtype), preferred_element_type=jnp.float32)
+        aux["values"] = values + head["b"].astype(jnp.float32)
     return logits_btv, cache, aux
 
 

@@ -20,6 +20,8 @@ _MOE_FIELDS = (
     "aux_loss_coef",
     "z_loss_coef",
 )
+# Fields that are not config keys (set by code that needs them).
+_DERIVED_FIELDS = ("value_head",)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _QK_NORMS = ("none", "head", "proj")
 
@@ -54,6 +56,9 @@ class ModelConfig:
     capacity_factor: float = 2.0
     aux_loss_coef: float = 1e-2
     z_loss_coef: float = 1e-3
+    # A scalar value head on the final hidden state (PPO's critic, sharing the trunk). Not a config key:
+    # the RL phase turns it on for rl.algorithm='gae'.
+    value_head: bool = False
 
     def __post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads:
@@ -91,6 +96,8 @@ class ModelConfig:
         """
         values = {}
         for field in dataclasses.fields(cls):
+            if field.name in _DERIVED_FIELDS:
+                continue
             section = config.moe if field.name in _MOE_FIELDS else config.model
             values[field.name] = field.type(section[field.name])
         return cls(**values)

@@ -3,6 +3,7 @@
 The model's params pytree has the structure of `declarations(cfg)`:
 
     embed [v, d]            unembed [d, v] (untied only)          final_norm [d]
+    value_head: w [d], b [] (with cfg.value_head only: PPO's critic on the final hidden state)
     dense_layers / moe_layers (stacks; leading axis L = number of layers in the stack):
         attn_norm [L, d], mlp_norm [L, d]
         attn: wq [L, d, n, h], wk / wv [L, d, g, h], wo [L, n, h, d],
@@ -48,6 +49,11 @@ def normal(std: float) -> Initializer:
 def ones(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
     del key
     return jnp.ones(shape, dtype)
+
+
+def zeros(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
+    del key
+    return jnp.zeros(shape, dtype)
 
 
 def _stack(n: int, tree: dict) -> dict:
@@ -110,6 +116,9 @@ def declarations(cfg: ModelConfig) -> dict:
     }
     if not cfg.tie_embeddings:
         decls["unembed"] = ParamDecl((d, v), ("embed", "vocab"), normal(d**-0.5))
+    if cfg.value_head:
+        # Zero init: every value starts at 0, the critic learns from the first returns.
+        decls["value_head"] = {"w": ParamDecl((d,), ("embed",), zeros), "b": ParamDecl((), (), zeros)}
     if cfg.n_dense_layers > 0:
         decls["dense_layers"] = _stack(cfg.n_dense_layers, _layer(cfg, moe=False))
     if cfg.n_moe_layers > 0:

@@ -8,6 +8,8 @@ Batch layout (host side builds it, see composer/batching.py), all arrays `[m, b,
   tokens int32, positions int32 (-1 on padding), loss_mask float32 (1 where the token is a *target* the
   policy generated). RL batches add sampler_logprobs float32 [m, b, t] (behaviour log-probs, aligned with
   the target tokens), advantages float32 [m, b] (per sequence) and truncated bool [m, b].
+PPO (`ppo_step`, rl.algorithm='gae') instead has per-token advantages [m, b, t] plus returns and old_values
+[m, b, t] from `ppo_targets`, which computes them under the critic (cfg.value_head) before the update.
 """
 
 import functools
@@ -20,6 +22,7 @@ import ml_collections
 import optax
 
 from composer import model, sharding
+from composer.rl import advantages as adv_lib
 from composer.rl import losses
 
 PyTree = Any
@@ -122,6 +125,10 @@ def rl_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: RLHParams):
     truncated importance sampling corrects for the sampler's (possibly stale) log-probs.
     """
     logp, entropy, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg)
+    return _policy_loss(logp, entropy, aux, batch, cfg, hp)
+
+
+def _policy_loss(logp, entropy, aux: dict, batch: dict, cfg: model.ModelConfig, hp: RLHParams):
     mask = batch["loss_mask"].astype(jnp.float32)
     loss, sums = losses.policy_loss(
         logp,
@@ -142,6 +149,73 @@ def rl_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: RLHParams):
     total = loss.total + _aux_loss(aux, cfg) * loss.count
     sums = dict(sums, loss=loss, load_balance_loss=losses.MaskedSum(aux["load_balance_loss"] * count, count))
     return total, sums
+
+
+def _state_values(aux: dict) -> jax.Array:
+    """The critic's V(s_i) for the state before token i: out[b, i] = values[b, i - 1] (0 at i = 0), so it is
+    target-aligned like token_logprobs (the hidden state at i - 1 has seen tokens[:i])."""
+    values = aux["values"]
+    return jnp.concatenate([jnp.zeros_like(values[:, :1]), values[:, :-1]], axis=1)
+
+
+class PPOHParams(NamedTuple):
+    """The policy loss's knobs plus the critic's (static, hashable)."""
+
+    policy: RLHParams = RLHParams()
+    value_coef: float = 0.5
+    value_clip: float | None = None
+    gamma: float = 1.0
+    lam: float = 0.95
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> "PPOHParams":
+        rl = config.rl
+        return cls(
+            policy=RLHParams.from_config(config),
+            value_coef=rl.value_coef,
+            value_clip=rl.value_clip or None,
+            gamma=rl.gamma,
+            lam=rl.gae_lambda,
+        )
+
+
+def ppo_targets(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: PPOHParams) -> dict:
+    """GAE advantages and value targets of a rollout batch under the current critic (before the update).
+
+    batch: [m, b, t] arrays with per-sequence 'rewards' [m, b] (the outcome, placed on the last generated
+    token) and loss_mask marking the generated tokens (the time steps). Returns {'advantages' (whitened over
+    the batch's valid tokens), 'returns', 'old_values'}, each [m, b, t] float32.
+    """
+
+    def micro(mb):
+        _, _, aux = model.forward(params, mb["tokens"], mb["positions"], cfg)
+        values = _state_values(aux)
+        mask = mb["loss_mask"].astype(jnp.float32)
+        token_rewards = adv_lib.outcome_token_rewards(mb["rewards"], mask)
+        est = adv_lib.gae(token_rewards, values, mask, gamma=hp.gamma, lam=hp.lam)
+        return est.advantages, est.returns, values * mask
+
+    adv, returns, values = jax.lax.map(micro, batch)
+    adv = adv_lib.masked_whiten(adv, batch["loss_mask"])
+    return {"advantages": adv, "returns": returns, "old_values": values}
+
+
+def ppo_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: PPOHParams):
+    """PPO: the clipped policy loss on per-token GAE advantages plus value_coef times the value loss."""
+    logp, entropy, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg)
+    policy_total, sums = _policy_loss(logp, entropy, aux, batch, cfg, hp.policy)
+    vloss, vmetrics = losses.value_loss(
+        _state_values(aux),
+        batch["returns"],
+        batch["loss_mask"],
+        old_values=batch["old_values"],
+        value_clip=hp.value_clip,
+        truncated=batch["truncated"] if hp.policy.mask_truncated else None,
+    )
+    # Scale the value loss's mean onto the policy loss's count, so grads / count weight it by value_coef.
+    scale = sums["loss"].count / jnp.maximum(vloss.count, 1.0)
+    total = policy_total + hp.value_coef * vloss.total * scale
+    return total, dict(sums, value_loss=vloss, **vmetrics)
 
 
 LossFn = Callable[[PyTree, dict, model.ModelConfig, Any], tuple[jax.Array, dict]]
@@ -195,6 +269,14 @@ def rl_step(
     """One GRPO-family update on `batch` ([m, b, t] arrays plus per-sequence advantages/truncated)."""
     del key
     return _step(rl_loss, state, batch, cfg, optimizer, hp)
+
+
+def ppo_step(
+    state: TrainState, batch: dict, key: jax.Array, *, cfg, optimizer, hp: PPOHParams
+) -> tuple[TrainState, dict]:
+    """One PPO update: batch as rl_step's with per-token advantages, 'returns' and 'old_values'."""
+    del key
+    return _step(ppo_loss, state, batch, cfg, optimizer, hp)
 
 
 def jit_step(step_fn: Callable, state: TrainState, batch_example: dict, mesh, rules, **static) -> Callable:
