@@ -17,18 +17,6 @@ MODE_HELP = (
 MODES = tuple(h.split(":")[0] for h in MODE_HELP)
 
 
-class ModeNotAvailable(SystemExit):
-    """Raised for a mode whose implementation has not landed yet."""
-
-
-def _not_available(name: str) -> Callable[[ml_collections.ConfigDict, Path], None]:
-    def mode(config: ml_collections.ConfigDict, workdir: Path) -> None:
-        del config, workdir
-        raise ModeNotAvailable(f"--mode={name} is not available yet: the end-to-end pipeline has not landed.")
-
-    return mode
-
-
 def info(config: ml_collections.ConfigDict, workdir: Path) -> None:
     """Builds the model (shapes only, no memory for weights) and prints its parameter counts."""
     del workdir
@@ -40,13 +28,28 @@ def info(config: ml_collections.ConfigDict, workdir: Path) -> None:
     print(f"parameters: total {total:,}  active per token {active:,}")
 
 
+def _pipeline(only: str | None) -> Callable[[ml_collections.ConfigDict, Path], None]:
+    def mode(config: ml_collections.ConfigDict, workdir: Path) -> None:
+        if only == "eval" and config.model.init_from:
+            # A pretrained checkpoint as it is: no DATA / SFT phases needed.
+            from composer.checkpoints.evaluate_pretrained import run_eval
+
+            run_eval(config, workdir)
+            return
+        from composer.pipeline import phases
+
+        phases.run_pipeline(config, workdir, only)
+
+    return mode
+
+
 _MODES: dict[str, Callable[[ml_collections.ConfigDict, Path], None]] = {
-    "train": _not_available("train"),
+    "train": _pipeline(None),
     "info": info,
-    "data": _not_available("data"),
-    "sft": _not_available("sft"),
-    "rl": _not_available("rl"),
-    "eval": _not_available("eval"),
+    "data": _pipeline("data"),
+    "sft": _pipeline("sft"),
+    "rl": _pipeline("rl"),
+    "eval": _pipeline("eval"),
 }
 
 

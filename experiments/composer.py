@@ -6,12 +6,13 @@ Command (default, the embedded CPU run of the main job):
 
 Variants, chosen by the argument after the colon:
 
-- ``experiments/composer.py:tiny``: a model of a few hundred thousand parameters and a handful of tasks;
-  the whole pipeline runs in seconds on any CPU. Used by the tests.
-- ``experiments/composer.py`` (no argument): the embedded default. A small MoE (about 4 M parameters),
-  generated tasks, the CPU, no downloads. Target: under 30 minutes on a 2-core CPU.
-- ``experiments/composer.py:gpu``: one H200-class GPU, a model of real size (about 5 B parameters in
-  total, about 1 B active per token), bf16 compute, Pallas kernels.
+- ``experiments/composer.py:tiny``: a model of 0.25 M parameters and a handful of tasks; the whole
+  pipeline runs in a few minutes on any CPU and solves nothing. Used by the tests.
+- ``experiments/composer.py`` (no argument): the embedded default. A small MoE (14.4 M parameters in
+  total, 5.0 M active per token), generated tasks, the CPU, no downloads. Target: under 30 minutes on a
+  2-core CPU (``--mode=info`` prints the counts).
+- ``experiments/composer.py:gpu``: one H200-class GPU, a model of real size (4.9 B parameters in total,
+  0.9 B active per token), bf16 compute.
 
 Any value can be overridden on the command line, e.g. ``--config.rl.learning_rate=3e-6``; the dict is
 locked, so a misspelt key fails at start-up with its name.
@@ -60,7 +61,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.model.tie_embeddings = False
     c.model.n_dense_layers = 0  # the first n layers use a dense SwiGLU MLP instead of experts
     c.model.d_ff_dense = 1024
-    c.model.max_seq_len = 2048  # length of the preallocated KV cache
+    c.model.max_seq_len = 2048  # longest sequence trained on (longer ones are cut)
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "float32"
     c.model.attention_impl = "reference"  # registry key in composer/attention.py
@@ -116,9 +117,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.rl.tis_cap = 2.0  # truncated importance sampling between sampler and learner log-probs
     c.rl.mask_truncated = True
     c.rl.max_staleness = 1
+    c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.gamma = 1.0
     c.rl.gae_lambda = 0.95
-    c.rl.value_coef = 0.5
+    c.rl.value_coef = 0.5  # PPO ('gae'): weight of the value loss
+    c.rl.value_clip = 0.0  # PPO: clip values around the old ones by this much (0: no clipping)
 
     # ---- sampling: the continuous-batching sampler
     c.sampling = ConfigDict()
@@ -134,16 +137,21 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.env.n_heldout_tasks = 50
     c.env.difficulty = 1
     c.env.n_workers = 2
-    c.env.rollout_backend = "local"  # 'local' (processes) | 'ray' (later)
+    c.env.rollout_backend = "local"  # 'local' (worker processes here) | 'ray' (workers across a cluster)
+    c.env.ray_address = ""  # for 'ray': '' = RAY_ADDRESS if set, else a local cluster; or 'host:port'
     c.env.isolation = "auto"  # 'auto' | 'bwrap' | 'unshare' | 'none'
     c.env.max_turns = 12
-    c.env.max_episode_tokens = 1536
+    c.env.max_episode_tokens = 2048
     c.env.episode_timeout_s = 120.0
     c.env.command_timeout_s = 30.0
+    # Tool schemas in the system prompt: 'full' (with descriptions, as in the product) or 'compact' (names,
+    # argument names and types only: several times fewer tokens, for small models trained on the CPU).
+    c.env.tool_schemas = "compact"
 
     # ---- eval
     c.eval = ConfigDict()
     c.eval.n_tasks = 50
+    c.eval.temperature = 0.0  # 0: greedy
     c.eval.every_steps = 20
 
     # ---- checkpoint
@@ -159,14 +167,14 @@ def get_config(arg: str | None = None) -> ConfigDict:
 
 
 def _tiny(c: ConfigDict) -> None:
-    c.model.vocab_size = 512
+    c.model.vocab_size = 1024
     c.model.d_model = 64
     c.model.n_layers = 2
     c.model.n_heads = 4
     c.model.n_kv_heads = 2
     c.model.head_dim = 16
     c.model.d_ff_dense = 128
-    c.model.max_seq_len = 1024
+    c.model.max_seq_len = 2048
     c.moe.n_experts = 4
     c.moe.top_k = 2
     c.moe.d_ff = 64
@@ -176,12 +184,14 @@ def _tiny(c: ConfigDict) -> None:
     c.rl.steps = 2
     c.rl.tasks_per_step = 2
     c.rl.group_size = 2
+    # The tiny model solves nothing, so every group is all-zero: keep them to exercise the update path.
+    c.rl.dynamic_sampling = False
     c.sampling.decode_slots = 4
     c.sampling.max_turn_tokens = 64
     c.env.n_train_tasks = 8
     c.env.n_heldout_tasks = 4
     c.env.max_turns = 4
-    c.env.max_episode_tokens = 768
+    c.env.max_episode_tokens = 2048
     c.eval.n_tasks = 4
     c.checkpoint.every_steps = 1
     c.optim.warmup_steps = 2
@@ -214,6 +224,7 @@ def _gpu(c: ConfigDict) -> None:
     c.sampling.steps_per_call = 32
     c.sampling.max_turn_tokens = 2048
     c.env.n_workers = 16
+    c.env.tool_schemas = "full"
     c.env.n_train_tasks = 5000
     c.env.n_heldout_tasks = 200
     c.env.difficulty = 2

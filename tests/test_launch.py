@@ -1,5 +1,6 @@
 """launch.py: the locked config and the modes."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,25 @@ def test_variants_have_every_section(variant):
 def test_unknown_variant_is_an_error():
     with pytest.raises(ValueError, match="nope"):
         composer_config.get_config("nope")
+
+
+def test_eval_of_a_pretrained_checkpoint_runs(tmp_path):
+    workdir = tmp_path / "w"
+    r = _launch(
+        "--config=experiments/composer.py:tiny",
+        f"--config.model.init_from={ROOT / 'tests/fixtures/hf/qwen3_moe'}",
+        "--config.eval.n_tasks=2",
+        "--config.env.max_turns=2",
+        "--mode=eval",
+        f"--workdir={workdir}",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "solve rate" in r.stdout and "over 2 held-out episodes" in r.stdout
+    stats = json.loads((workdir / "eval_pretrained.json").read_text())
+    assert stats["episodes"] == 2 and stats["tool_calls_per_episode"] >= 0
+
+
+def test_info_prints_parameter_counts():
+    r = _launch("--config=experiments/composer.py:tiny", "--mode=info")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "parameters: total" in r.stdout and "active per token" in r.stdout

@@ -1,0 +1,47 @@
+"""EVAL: solve rate and behaviour of a policy on the held-out tasks (one greedy-or-sampled episode each)."""
+
+import json
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+from absl import logging
+from tqdm import tqdm
+
+from composer.pipeline import rollouts
+from env.rollout import iter_groups
+
+
+def evaluate(
+    config: ml_collections.ConfigDict, params, cfg, tokenizer, tasks: list, *, out: Path | None = None
+) -> dict:
+    """Runs one episode per task (config.eval.n_tasks of them) and returns episode_stats plus tokens/s.
+
+    With `out`, the result is written there, and read back instead of recomputed when already present.
+    """
+    if out is not None and out.exists():
+        return json.loads(out.read_text())
+    tasks = tasks[: config.eval.n_tasks]
+    sampler = rollouts.make_sampler(
+        config, params, cfg, tokenizer.im_end_id, temperature=config.eval.temperature,
+        key=jax.random.key(config.seed + 1),
+    )  # fmt: skip
+    t0 = time.time()
+    results = []
+    with rollouts.pool(config) as pool, tqdm(total=len(tasks), desc="EVAL", unit="episode") as bar:
+        groups = iter_groups(
+            tasks, sampler, pool, tokenizer=tokenizer, group_size=1, limits=rollouts.limits(config),
+            max_active=2 * config.sampling.decode_slots, prompt_fn=rollouts.prompt_fn(config),
+        )  # fmt: skip
+        for group in groups:
+            results.extend(group)
+            bar.update(len(group))
+            bar.set_postfix(solved=sum(r.reward or 0 for r in results))
+    stats = rollouts.episode_stats(results)
+    s = sampler.stats()
+    stats.update(tokens_per_s=s["tokens_per_s"], occupancy=s["occupancy"], wall_s=time.time() - t0)
+    logging.info("EVAL: %s", json.dumps(stats))
+    if out is not None:
+        out.write_text(json.dumps(stats, indent=1))
+    return stats

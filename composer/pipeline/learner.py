@@ -1,0 +1,79 @@
+"""The learner's pieces shared by SFT and RL: model config, mesh, sharded train state, jitted steps."""
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from composer import batching, distributed, model, sharding, train
+
+
+@dataclasses.dataclass
+class Learner:
+    """Everything one training phase needs; `state` changes, the rest is fixed for the phase."""
+
+    cfg: model.ModelConfig
+    mesh: jax.sharding.Mesh
+    rules: tuple
+    optimizer: object
+    state: train.TrainState
+    step_fn: Callable
+    static: dict
+    _compiled: dict = dataclasses.field(default_factory=dict)
+
+    def step(self, batch: dict[str, np.ndarray], key: jax.Array) -> dict:
+        """One update; compiles once per batch shape (batches are bucketed, so a handful of shapes)."""
+        shape = tuple(sorted((k, v.shape) for k, v in batch.items()))
+        # The mesh in context lets expert-parallel dispatch (moe.dispatch='ep_*') find the 'expert' axis.
+        with jax.set_mesh(self.mesh):
+            if shape not in self._compiled:
+                self._compiled[shape] = train.jit_step(
+                    self.step_fn, self.state, batch, self.mesh, self.rules, **self.static
+                )
+            self.state, metrics = self._compiled[shape](self.state, batch, key)
+        return metrics
+
+    @property
+    def params(self):
+        return self.state.params
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> model.ModelConfig:
+    cfg = model.ModelConfig.from_config(config)
+    if vocab_size > cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {vocab_size} tokens but model.vocab_size is {cfg.vocab_size}")
+    return cfg
+
+
+def build(
+    config: ml_collections.ConfigDict,
+    cfg: model.ModelConfig,
+    *,
+    learning_rate: float,
+    total_steps: int,
+    step_fn: Callable,
+    init_params=None,
+    **static,
+) -> Learner:
+    """A learner with params born sharded on the config's mesh (or `init_params` placed there)."""
+    mesh = sharding.make_mesh(config.mesh)
+    rules = tuple(config.mesh.rules)
+    optimizer = train.make_optimizer(config.optim, learning_rate, total_steps)
+    if init_params is None:
+        params = sharding.init_sharded(jax.random.key(config.seed), cfg, mesh, rules)
+    else:
+        params = jax.device_put(init_params, sharding.param_shardings(cfg, mesh, rules))
+    # Optimizer moments take their parameter's sharding (a plain jit would replicate them on every device).
+    state = distributed.init_state(params, optimizer, mesh)
+    total, active = model.param_counts(cfg)
+    logging.info("learner: %s parameters (%s active per token) on mesh %s", f"{total:,}", f"{active:,}", mesh)
+    return Learner(cfg, mesh, rules, optimizer, state, step_fn, dict(static, cfg=cfg, optimizer=optimizer))
+
+
+def pack(sequences: list[dict], config: ml_collections.ConfigDict, batch_size: int) -> dict:
+    """Sequences -> [m, b, t] arrays with m = optim.micro_batches."""
+    micro = max(batch_size // config.optim.micro_batches, 1)
+    return batching.pack_sequences(sequences, micro_batch=micro, max_len=config.model.max_seq_len)

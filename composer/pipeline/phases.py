@@ -1,0 +1,79 @@
+"""The modes of launch.py that run the main job: the whole pipeline, or one phase of it."""
+
+import json
+import time
+from pathlib import Path
+
+import ml_collections
+from absl import logging
+
+from composer.metrics import MetricsWriter, plot_curves
+from composer.pipeline import data as data_lib
+from composer.pipeline import rl, sft
+from composer.pipeline.evaluate import evaluate
+
+SUMMARY_ROWS = (
+    ("held-out solve rate", "solve_rate", "{:.1%}"),
+    ("mean turns", "mean_turns", "{:.2f}"),
+    ("tool calls per episode", "tool_calls_per_episode", "{:.2f}"),
+    ("tool-call error rate", "tool_error_rate", "{:.1%}"),
+    ("turns with parallel calls", "parallel_turn_share", "{:.1%}"),
+    ("searched/read before editing", "searched_before_edit_share", "{:.1%}"),
+    ("truncated episodes", "truncated_share", "{:.1%}"),
+    ("tokens/s (sampler)", "tokens_per_s", "{:.0f}"),
+)
+
+
+def summary_table(before: dict, after: dict) -> str:
+    lines = [f"{'':32} {'SFT':>10} {'SFT+RL':>10}"]
+    for title, key, fmt in SUMMARY_ROWS:
+        lines.append(f"{title:32} {fmt.format(before[key]):>10} {fmt.format(after[key]):>10}")
+    lines.append(f"{'held-out episodes':32} {before['episodes']:>10} {after['episodes']:>10}")
+    return "\n".join(lines)
+
+
+def _phase(name: str) -> None:
+    logging.info("==== %s", name)
+    print(f"==== {name}", flush=True)
+
+
+def run_pipeline(config: ml_collections.ConfigDict, workdir: Path, only: str | None = None) -> dict | None:
+    """DATA -> SFT -> EVAL -> RL -> EVAL -> SUMMARY (or just phase `only`: data | sft | rl | eval)."""
+    t0 = time.time()
+    writer = MetricsWriter(workdir)
+    try:
+        _phase("DATA")
+        data = data_lib.prepare(config, workdir)
+        if only == "data":
+            return None
+        _phase("SFT")
+        sft_params, cfg = sft.run(config, workdir, data, writer)
+        if only == "sft":
+            return None
+        if only != "rl":
+            _phase("EVAL (SFT model)")
+            before = evaluate(config, sft_params, cfg, data.tokenizer, data.heldout_tasks,
+                              out=workdir / "eval_sft.json")  # fmt: skip
+            writer.write("eval", 0, before)
+        _phase("RL")
+        rl_params = rl.run(config, workdir, data, writer, sft_params, cfg, data.tokenizer)
+        if only == "rl":
+            return None
+        _phase("EVAL (RL model)")
+        after = evaluate(
+            config, rl_params, cfg, data.tokenizer, data.heldout_tasks, out=workdir / "eval_rl.json"
+        )
+        writer.write("eval", config.rl.steps, after)
+    finally:
+        writer.close()
+    plot_curves(workdir, {"RL reward": ("rl", "reward_all"), "held-out solve rate": ("eval", "solve_rate")},
+                "curves.png")  # fmt: skip
+    plot_curves(workdir, {"SFT loss": ("sft", "loss"), "RL loss": ("rl", "loss")}, "losses.png")
+    table = summary_table(before, after)
+    wall = time.time() - t0
+    text = f"{table}\n\nwall time {wall / 60:.1f} min (this invocation), workdir {workdir}"
+    (workdir / "summary.txt").write_text(text + "\n")
+    (workdir / "summary.json").write_text(json.dumps({"sft": before, "rl": after, "wall_s": wall}, indent=1))
+    _phase("SUMMARY")
+    print(text, flush=True)
+    return {"sft": before, "rl": after}

@@ -1,0 +1,109 @@
+"""Rollouts with the model: a sampler engine and a tool pool running episodes, and their statistics."""
+
+import contextlib
+import statistics
+from collections.abc import Callable, Iterator
+
+import jax
+import ml_collections
+
+from composer import chat
+from composer.sampler import Sampler
+from env.rollout import RolloutLimits
+from env.rollout.driver import INSTRUCTIONS
+from env.rollout.pool import RolloutPool, make_pool
+from env.tools import tool_schemas
+
+
+class VersionedEngine:
+    """The sampler, remembering the oldest policy version that generated a turn of each episode.
+
+    Request ids are '{episode_id}@{turn}' (env/rollout/driver.py), so the episode is the part before '@'.
+    """
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+        self.oldest: dict[str, int] = {}
+
+    def add(self, request_id: str, prompt_ids, max_new_tokens: int) -> None:
+        episode = request_id.rsplit("@", 1)[0]
+        self.oldest.setdefault(episode, self.sampler.version)
+        self.sampler.add(request_id, prompt_ids, max_new_tokens)
+
+    def step(self):
+        return self.sampler.step()
+
+    def pending(self) -> int:
+        return self.sampler.pending()
+
+
+def compact_schema(schema: dict) -> dict:
+    """A tool schema reduced to its name, argument types and required arguments (no descriptions)."""
+    fn = schema["function"]
+    params = fn["parameters"]
+    args = {k: v.get("type", "string") for k, v in params.get("properties", {}).items()}
+    return {"name": fn["name"], "parameters": args, "required": params.get("required", [])}
+
+
+def system_prompt(config: ml_collections.ConfigDict) -> chat.Message:
+    """The system turn of every episode (and of the SFT trajectories), per env.tool_schemas."""
+    schemas = tool_schemas()
+    if config.env.tool_schemas == "compact":
+        schemas = [compact_schema(s) for s in schemas]
+    elif config.env.tool_schemas != "full":
+        raise ValueError(f"env.tool_schemas must be 'full' or 'compact', got {config.env.tool_schemas!r}")
+    return chat.system_message(schemas, INSTRUCTIONS)
+
+
+def prompt_fn(config: ml_collections.ConfigDict) -> Callable[[object], list[chat.Message]]:
+    """The opening messages of an episode on a task: the system turn, then the bug report."""
+    system = system_prompt(config)
+    return lambda task: [system, chat.Message("user", task.problem_statement)]
+
+
+def make_sampler(
+    config: ml_collections.ConfigDict, params, cfg, eos_id: int, *, temperature: float, key: jax.Array
+) -> Sampler:
+    return Sampler(
+        params,
+        cfg,
+        slots=config.sampling.decode_slots,
+        max_len=config.env.max_episode_tokens + config.sampling.max_turn_tokens,
+        steps_per_call=config.sampling.steps_per_call,
+        temperature=temperature,
+        top_p=config.sampling.top_p,
+        eos_id=eos_id,
+        key=key,
+    )
+
+
+@contextlib.contextmanager
+def pool(config: ml_collections.ConfigDict) -> Iterator[RolloutPool]:
+    """The pool of env.rollout_backend ('local' processes or 'ray'), closed on exit."""
+    with make_pool(config) as p:
+        yield p
+
+
+def limits(config: ml_collections.ConfigDict) -> RolloutLimits:
+    return RolloutLimits.from_config(config)
+
+
+def episode_stats(results: list) -> dict[str, float]:
+    """Held-out style statistics of finished episodes (EpisodeResult list)."""
+    graded = [r for r in results if r.reward is not None]
+    turns = sum(r.n_turns for r in results)
+    calls = sum(r.n_tool_calls for r in results)
+    edited = [r for r in results if r.searched_before_edit is not None]
+    return {
+        "episodes": len(results),
+        "solve_rate": sum(r.reward for r in graded) / max(len(graded), 1),
+        "mean_turns": turns / max(len(results), 1),
+        "tool_calls_per_episode": calls / max(len(results), 1),
+        "tool_error_rate": sum(r.n_tool_errors for r in results) / max(calls, 1),
+        "parallel_turn_share": sum(r.n_parallel_turns for r in results) / max(turns, 1),
+        "searched_before_edit_share": sum(bool(r.searched_before_edit) for r in edited) / max(len(edited), 1),
+        "truncated_share": sum(r.truncated for r in results) / max(len(results), 1),
+        "restarts": sum(r.restarts for r in results),
+        "errors": sum(r.error is not None for r in results),
+        "mean_tokens": statistics.fmean(len(r.ids) for r in results) if results else 0.0,
+    }

@@ -1,0 +1,92 @@
+"""SFT: the supervised warm start on expert trajectories, until the model makes valid tool calls.
+
+Checkpoints every `checkpoint.every_steps` steps and at the end; a rerun resumes from the last one (batches
+are drawn by step number, so a resumed run sees the same data as an uninterrupted one).
+"""
+
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from tqdm import tqdm
+
+from composer import train
+from composer.checkpoint import Checkpointer, finish_saves_on_sigterm
+from composer.metrics import MetricsWriter
+from composer.pipeline import learner as learner_lib
+from composer.pipeline.data import Data
+from composer.tokenizer import render
+
+
+def sequences(data: Data) -> list[dict]:
+    """Each trajectory as token ids with the loss on the expert's (assistant) tokens only."""
+    out = []
+    for messages in data.trajectories:
+        ids, mask = render(messages, data.tokenizer)
+        out.append({"tokens": ids, "loss_mask": mask})
+    return out
+
+
+def build(config: ml_collections.ConfigDict, cfg, init_params=None) -> learner_lib.Learner:
+    return learner_lib.build(
+        config,
+        cfg,
+        learning_rate=config.sft.learning_rate,
+        total_steps=config.sft.steps,
+        step_fn=train.sft_step,
+        init_params=init_params,
+    )
+
+
+def run(config: ml_collections.ConfigDict, workdir: Path, data: Data, writer: MetricsWriter):
+    """Trains (or resumes, or just loads when complete) the SFT model; returns its params."""
+    init_params = None
+    if config.model.init_from:
+        # Start from the pretrained checkpoint: its architecture, weights and tokenizer (DATA used it too).
+        from composer import sharding
+        from composer.checkpoints import load_pretrained
+
+        init_params, cfg, _ = load_pretrained(config, sharding.make_mesh(config.mesh))
+    else:
+        cfg = learner_lib.model_config(config, data.tokenizer.vocab_size)
+    learner = build(config, cfg, init_params)
+    steps = config.sft.steps
+    ckpt = Checkpointer(
+        workdir / "checkpoints" / "sft",
+        max_to_keep=config.checkpoint.max_to_keep,
+        save_every=config.checkpoint.every_steps,
+    )
+    start = ckpt.latest_step() or 0
+    if start:
+        learner.state, _ = ckpt.restore(learner.state)
+    if start >= steps:
+        logging.info("SFT: complete (%d steps), loaded from %s", start, ckpt.directory)
+        ckpt.close()
+        return learner.params, cfg
+    finish_saves_on_sigterm(ckpt)
+    seqs = sequences(data)
+    lengths = np.array([len(s["tokens"]) for s in seqs])
+    logging.info(
+        "SFT: %d trajectories, tokens per trajectory: mean %d, max %d",
+        len(seqs),
+        lengths.mean(),
+        lengths.max(),
+    )
+    key = jax.random.key(config.seed)
+    with tqdm(total=steps, initial=start, desc="SFT", unit="step") as bar:
+        for step in range(start, steps):
+            rng = np.random.default_rng([config.seed, step])
+            chosen = rng.choice(
+                len(seqs), size=config.sft.batch_size, replace=len(seqs) < config.sft.batch_size
+            )
+            batch = learner_lib.pack([seqs[i] for i in chosen], config, config.sft.batch_size)
+            metrics = learner.step(batch, jax.random.fold_in(key, step))
+            metrics = jax.device_get(metrics)
+            writer.write("sft", step + 1, metrics)
+            bar.set_postfix(loss=f"{float(metrics['loss']):.3f}")
+            bar.update()
+            ckpt.save(step + 1, learner.state, {"step": step + 1}, force=step + 1 == steps)
+    ckpt.close()
+    return learner.params, cfg

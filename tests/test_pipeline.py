@@ -1,0 +1,82 @@
+"""The main job end to end on the tiny config: every phase, the summary, and resuming after kill -9."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from composer.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--config=experiments/composer.py:tiny", "--config.rl.steps=4", "--config.checkpoint.every_steps=1"]
+
+
+def _launch(workdir: Path, log: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)  # one CPU device, as a user's run
+    # Output to a file, not a pipe: nobody reads a pipe while the run goes on, and a full one blocks it.
+    with log.open("w") as f:
+        return subprocess.Popen(
+            [sys.executable, "launch.py", *TINY, f"--workdir={workdir}", *extra],
+            cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
+    workdir = tmp_path / "run"
+    # First run: kill -9 as soon as the first RL checkpoint is complete.
+    log = tmp_path / "first.log"
+    proc = _launch(workdir, log)
+    deadline = time.time() + 600
+    rl_ckpt = workdir / "checkpoints" / "rl"
+    while time.time() < deadline and proc.poll() is None:
+        if rl_ckpt.exists() and any(p.name.isdigit() for p in rl_ckpt.iterdir()):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, log.read_text()[-5000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    steps_before = [r["step"] for r in read_metrics(workdir, "rl")]
+    assert steps_before, "RL logged nothing before the kill"
+
+    # Rerun with the same workdir: DATA and SFT are skipped, RL resumes after its last checkpoint.
+    log = tmp_path / "second.log"
+    proc = _launch(workdir, log)
+    proc.wait(timeout=900)
+    out = log.read_text()
+    assert proc.returncode == 0, out[-5000:]
+    assert "SFT: complete" in out, out[-5000:]
+    assert "RL: resuming at step" in out, out[-5000:]
+    steps_after = [r["step"] for r in read_metrics(workdir, "rl")][len(steps_before) :]
+    assert steps_after and steps_after[0] <= steps_before[-1] + 1 and steps_after[-1] == 4
+    summary = json.loads((workdir / "summary.json").read_text())
+    for phase in ("sft", "rl"):
+        assert summary[phase]["episodes"] == 4
+        assert 0.0 <= summary[phase]["solve_rate"] <= 1.0
+    assert "held-out solve rate" in out
+    for name in ("curves.png", "losses.png", "tokenizer.json", "sft_data.jsonl", "metrics.jsonl"):
+        assert (workdir / name).exists(), name
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_with_the_ray_pool_and_ppo(tmp_path):
+    pytest.importorskip("ray", reason="the Ray backend needs ray (requirements.txt installs it)")
+    workdir, log = tmp_path / "run", tmp_path / "run.log"
+    proc = _launch(
+        workdir, log, "--config.rl.steps=2", "--config.env.rollout_backend=ray", "--config.rl.algorithm=gae"
+    )
+    proc.wait(timeout=900)
+    out = log.read_text()
+    assert proc.returncode == 0, out[-5000:]
+    assert "Started a local Ray instance" in out
+    rl = read_metrics(workdir, "rl")
+    assert [r["step"] for r in rl] == [1, 2]
+    assert all("value_loss" in r and "value_error" in r for r in rl)  # the PPO loss ran, critic included
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["rl"]["episodes"] == 4 and summary["rl"]["errors"] == 0
