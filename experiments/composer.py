@@ -8,8 +8,8 @@ Variants, chosen by the argument after the colon:
 
 - ``experiments/composer.py:tiny``: a model of 0.25 M parameters and a handful of tasks; the whole
   pipeline runs in a few minutes on any CPU and solves nothing. Used by the tests.
-- ``experiments/composer.py`` (no argument): the embedded default. A small MoE (14.4 M parameters in
-  total, 5.0 M active per token), generated tasks, the CPU, no downloads. Target: under 30 minutes on a
+- ``experiments/composer.py`` (no argument): the embedded default. A small MoE (3.9 M parameters in
+  total, 1.5 M active per token), generated tasks, the CPU, no downloads. Target: under 30 minutes on a
   2-core CPU (``--mode=info`` prints the counts).
 - ``experiments/composer.py:gpu``: one H200-class GPU, a model of real size (4.9 B parameters in total,
   0.9 B active per token), bf16 compute.
@@ -50,17 +50,17 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # ---- model: a decoder-only MoE transformer (see composer/model.py)
     c.model = ConfigDict()
     c.model.vocab_size = 2048
-    c.model.d_model = 256
+    c.model.d_model = 128
     c.model.n_layers = 4
     c.model.n_heads = 4
     c.model.n_kv_heads = 2
-    c.model.head_dim = 64
+    c.model.head_dim = 32
     c.model.qk_norm = "head"  # 'none' | 'head' (Qwen3: per head over head_dim) | 'proj' (OLMoE: whole q/k)
     c.model.rope_theta = 10_000.0
     c.model.rms_eps = 1e-6
     c.model.tie_embeddings = False
     c.model.n_dense_layers = 0  # the first n layers use a dense SwiGLU MLP instead of experts
-    c.model.d_ff_dense = 1024
+    c.model.d_ff_dense = 512
     c.model.max_seq_len = 2048  # longest sequence trained on (longer ones are cut)
     c.model.param_dtype = "float32"
     c.model.compute_dtype = "float32"
@@ -71,7 +71,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.moe = ConfigDict()
     c.moe.n_experts = 8
     c.moe.top_k = 2
-    c.moe.d_ff = 512
+    c.moe.d_ff = 256
     c.moe.norm_topk_prob = True
     c.moe.shared_expert_d_ff = 0  # 0: no shared expert
     c.moe.dispatch = "capacity"  # registry key in composer/moe.py: 'capacity' (fast on CPU) | 'ragged_dot'
@@ -94,23 +94,23 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.optim.eps = 1e-8
     c.optim.weight_decay = 0.01
     c.optim.grad_clip = 1.0
-    c.optim.warmup_steps = 20
+    c.optim.warmup_steps = 5
     c.optim.micro_batches = 1
 
     # ---- sft: the supervised warm start on expert trajectories
     c.sft = ConfigDict()
     c.sft.learning_rate = 3e-3
-    c.sft.steps = 300
-    c.sft.batch_size = 16
-    c.sft.n_trajectories = 400
+    c.sft.steps = 40
+    c.sft.batch_size = 8
+    c.sft.n_trajectories = 200
 
     # ---- rl: GRPO / PPO
     c.rl = ConfigDict()
     c.rl.algorithm = "grpo"  # advantage estimator: 'grpo' | 'drgrpo' | 'rloo' | 'gae' (PPO)
     c.rl.learning_rate = 1e-4
-    c.rl.steps = 60
-    c.rl.tasks_per_step = 8
-    c.rl.group_size = 8
+    c.rl.steps = 6
+    c.rl.tasks_per_step = 4
+    c.rl.group_size = 4
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.kl_coef = 0.0
@@ -118,6 +118,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.rl.mask_truncated = True
     c.rl.max_staleness = 1
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
+    c.rl.dynamic_sampling_budget = 2  # per step, drop at most this many x tasks_per_step such groups
     c.rl.gamma = 1.0
     c.rl.gae_lambda = 0.95
     c.rl.value_coef = 0.5  # PPO ('gae'): weight of the value loss
@@ -156,7 +157,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
 
     # ---- checkpoint
     c.checkpoint = ConfigDict()
-    c.checkpoint.every_steps = 10
+    c.checkpoint.every_steps = 5
     c.checkpoint.max_to_keep = 2
 
     if variant == "tiny":
