@@ -23,13 +23,14 @@ exactly N tokens (the peer forbids EOS; here eos_id is None).
 (2) default: the model of experiments/composer.py (ModelConfig.from_config(get_config())) with its sampling
     settings (decode_slots rows, steps_per_call, temperature, top_p, a max_seq_len cache); prompt 256,
     64 new tokens.
-(3) rebuild: the cost of rebuilding episodes by prefill. The default model; episodes of several turns, each
-    turn's prompt being the episode's whole stream so far (opening prompt, then per turn the generated
-    tokens and a tool result), driven through add / step like the rollout driver, tools answering at once.
-    Reports prefill's share of the sampler's wall time and the decode-slot occupancy.
+(3) rebuild / reuse: multi-turn episodes on the default model, each turn's prompt being the episode's
+    whole stream so far (opening prompt, then per turn the generated tokens and a tool result), driven
+    through add / step like the rollout driver, tools answering at once; once with every turn prefilled
+    from scratch (rebuild), once with the sampler's prefix reuse (reuse, the default). Reports tokens/s,
+    prefill's share of the sampler's wall time, the decode-slot occupancy, and reuse's speedup.
 
 The last line is one JSON object: {"peer_shape": {"tokens_per_s", ["peer_tokens_per_s", "ratio_to_peer",
-"harness"]}, "default": {"tokens_per_s", ...}, "rebuild": {...}}.
+"harness"]}, "default": {"tokens_per_s", ...}, "rebuild": {...}, "reuse": {..., "speedup_over_rebuild"}}.
 """
 
 import argparse
@@ -240,8 +241,9 @@ def bench_default(repeats: int) -> dict:
     return {**res, "slots": s.decode_slots, "steps_per_call": s.steps_per_call, "max_len": cfg.max_seq_len}
 
 
-def bench_rebuild(episodes: int, turns: int, turn_tokens: int, tool_tokens: int) -> dict:
-    """Multi-turn episodes rebuilt by prefill each turn (see the module docstring); tools answer at once.
+def bench_rebuild(episodes: int, turns: int, turn_tokens: int, tool_tokens: int, reuse: bool) -> dict:
+    """Multi-turn episodes (see the module docstring); tools answer at once. reuse: the sampler's prefix
+    reuse on (returning turns compute only their new tokens) or off (every turn prefilled from scratch).
 
     Two passes over the same workload with different request ids: the first compiles every shape, the
     second is measured.
@@ -259,7 +261,7 @@ def bench_rebuild(episodes: int, turns: int, turn_tokens: int, tool_tokens: int)
     def run(tag: str) -> tuple[dict, float]:
         sampler = Sampler(
             params, cfg, slots=s.decode_slots, max_len=cfg.max_seq_len, steps_per_call=s.steps_per_call,
-            temperature=s.temperature, top_p=s.top_p, eos_id=None, key=jax.random.key(1),
+            temperature=s.temperature, top_p=s.top_p, eos_id=None, key=jax.random.key(1), reuse_prefix=reuse,
         )  # fmt: skip
         streams = [list(o) for o in openings]
         start = time.perf_counter()
@@ -286,6 +288,7 @@ def bench_rebuild(episodes: int, turns: int, turn_tokens: int, tool_tokens: int)
         "tokens_per_s": round(stats["tokens_generated"] / wall, 1),
         "prefill_share": round(stats["prefill_share"], 3),
         "prefill_tokens": stats["prefill_tokens"],
+        "reused_tokens": stats["reused_tokens"],
         "prefill_padded_tokens": stats["prefill_padded_tokens"],
         "occupancy": round(stats["occupancy"], 3),
         "prefill_s": round(stats["prefill_s"], 2),
@@ -334,8 +337,13 @@ def main() -> None:
         result["default"] = bench_default(args.repeats)
         print(f"[default] {result['default']['tokens_per_s']} tok/s", file=sys.stderr)
     if not args.skip_rebuild:
-        result["rebuild"] = bench_rebuild(args.episodes, args.turns, 64, 96)
-        print(f"[rebuild] prefill share {result['rebuild']['prefill_share']}", file=sys.stderr)
+        for name, reuse in (("rebuild", False), ("reuse", True)):
+            result[name] = bench_rebuild(args.episodes, args.turns, 64, 96, reuse)
+            r = result[name]
+            print(f"[{name}] {r['tokens_per_s']} tok/s, prefill share {r['prefill_share']}", file=sys.stderr)
+        result["reuse"]["speedup_over_rebuild"] = round(
+            result["reuse"]["tokens_per_s"] / result["rebuild"]["tokens_per_s"], 2
+        )
     print(json.dumps(result))
 
 

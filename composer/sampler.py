@@ -9,10 +9,14 @@ This is the engine of the rollout driver (env/rollout/driver.py: add / step / pe
 
 Slots. The cache holds `slots` rows of `max_len` positions (one buffer per layer). A request holds one
 slot while its turn generates; when the turn ends (it drew `eos_id`, or `max_new_tokens` tokens) it
-leaves and a waiting request takes the slot at the next `step()`. Nothing is kept between turns: an
-episode that comes back with tool results is a new request whose prompt is its whole token stream,
-prefilled again into a free slot (rebuild by prefill: episodes waiting on tools hold no cache memory;
-`stats()['prefill_share']` is the share of wall time this costs).
+leaves and a waiting request takes the slot at the next `step()`. An episode that comes back with tool
+results is a new request whose prompt is its whole token stream. Prefix reuse: a free slot remembers the
+tokens whose keys and values it still holds (the finished turn's prompt and tokens), and a request whose
+prompt extends them takes that slot and computes only the new tokens (EXTEND below); otherwise the prompt
+is prefilled again from scratch (rebuild by prefill). Episodes waiting on tools reserve nothing: a slot
+they left is given to a new request when no free slot is blank, least recently used first. New params
+(`update_params`) forget every remembered prefix. `stats()` counts the reused tokens and
+`prefill_share` is the share of wall time spent on prompts.
 
 One `step()`:
   PREFILL  waiting requests (up to the free slots), grouped by prompt-length bucket, one padded call per
@@ -21,6 +25,8 @@ One `step()`:
            Each call prefills into a small cache, writes its rows into their slots of the slot cache
            (donated, written in place) and draws each request's first token from the logits at its
            last prompt position.
+  EXTEND   the same for requests that reuse a slot's prefix: only the new tokens run, at their positions,
+           attending to the slot's cached keys and values (`extend`).
   DECODE   `steps_per_call` decode steps in ONE device call (lax.while_loop, no host round trip per
            token; it exits early once every slot is idle). Each step feeds every active slot its last
            token and draws the next. A slot whose turn ends mid-call idles until the call returns (its
@@ -270,6 +276,48 @@ def prefill(
     return LayerCaches(k=k, v=v, lengths=lengths), tokens_r, logprobs_r, redone
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "top_p"), donate_argnames=("cache",))
+def extend(
+    params: dict,
+    cache: LayerCaches,
+    tokens_rt: jax.Array,
+    offsets_r: jax.Array,
+    lengths_r: jax.Array,
+    slots_r: jax.Array,
+    seeds_r: jax.Array,
+    base_key: jax.Array,
+    *,
+    cfg: ModelConfig,
+    temperature: float,
+    top_p: float,
+) -> tuple[LayerCaches, jax.Array, jax.Array, jax.Array]:
+    """Appends r suffixes to slots that hold their prefixes, and draws each row's next token.
+
+    Slot slots_r[i] holds keys/values of positions [0, offsets_r[i]); row i's lengths_r[i] tokens
+    (tokens_rt[i, :lengths_r[i]]) go to positions offsets_r[i] + j, attending to that prefix and to each
+    other causally. Padding rows (slot index >= the cache's batch, length 0) are computed, not written.
+    Returns as prefill: (cache, next tokens [r], their log-probs [r], MoE layers that ran a second pass).
+    """
+    r, t = tokens_rt.shape
+    t_idx = jnp.arange(t, dtype=jnp.int32)
+    positions_rt = jnp.where(t_idx[None, :] < lengths_r[:, None], offsets_r[:, None] + t_idx[None, :], -1)
+    last_r = jnp.maximum(lengths_r - 1, 0)
+    rows = LayerCaches(
+        k=tuple(jnp.take(k, slots_r, axis=1, mode="clip") for k in cache.k),
+        v=tuple(jnp.take(v, slots_r, axis=1, mode="clip") for v in cache.v),
+        lengths=offsets_r,
+    )
+    logits_r1v, rows, redone = forward_unstacked(
+        params, tokens_rt, positions_rt, cfg, rows, PREFILL_CAPACITY, last_r
+    )
+    keys_r = sampling.token_keys(base_key, seeds_r, jnp.zeros_like(seeds_r))
+    tokens_r, logprobs_r = sampling.sample(keys_r, logits_r1v[:, 0], temperature, top_p)
+    k = tuple(big.at[:, slots_r].set(new, mode="drop") for big, new in zip(cache.k, rows.k))
+    v = tuple(big.at[:, slots_r].set(new, mode="drop") for big, new in zip(cache.v, rows.v))
+    lengths = cache.lengths.at[slots_r].set(offsets_r + lengths_r, mode="drop")
+    return LayerCaches(k=k, v=v, lengths=lengths), tokens_r, logprobs_r, redone
+
+
 @functools.partial(
     jax.jit,
     static_argnames=("cfg", "n_steps", "window", "temperature", "top_p"),
@@ -376,6 +424,7 @@ class Sampler:
         eos_id: int | None,
         key: jax.Array,
         prefill_buckets: Sequence[int] | None = None,
+        reuse_prefix: bool = True,
     ):
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
@@ -394,6 +443,12 @@ class Sampler:
         self.state = SlotState(*(np.zeros(slots, np.int32) for _ in SlotState._fields))  # host, numpy
         self.state.position_b[:] = -1
         self.slot_request: list[_Request | None] = [None] * slots
+        # For a free slot: the tokens at positions [0, n) of its cache (None: nothing worth keeping), and
+        # when it was left (least recently used goes first to a request that reuses nothing).
+        self.slot_prefix: list[list[int] | None] = [None] * slots
+        self.slot_left: list[int] = [0] * slots
+        self.reuse_prefix = reuse_prefix  # False: every prompt is prefilled from scratch (for comparison)
+        self._clock = 0
         self.waiting: deque[_Request] = deque()
         self.known: set[str] = set()
         self._generate_calls = 0
@@ -401,6 +456,7 @@ class Sampler:
             (
                 "tokens_generated", "decode_tokens", "decode_slot_steps", "decode_steps", "decode_calls",
                 "prefill_tokens", "prefill_padded_tokens", "prefill_calls", "turns",
+                "reused_tokens", "extend_calls",
                 "moe_passes", "moe_redone",
             ),
             0,
@@ -429,10 +485,11 @@ class Sampler:
         finished: list[TurnOutput] = []
         free = [s for s in range(self.slots) if self.slot_request[s] is None]
         take = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
-        groups: dict[int, list[tuple[int, _Request]]] = {}
-        for slot, req in zip(free, take):
-            groups.setdefault(self._bucket(len(req.prompt)), []).append((slot, req))
-        for width, group in sorted(groups.items()):
+        groups: dict[tuple[int, bool], list[tuple[int, _Request, int]]] = {}
+        for slot, req, offset in self._assign(free, take):
+            key = (self._bucket(len(req.prompt) - offset), offset > 0)
+            groups.setdefault(key, []).append((slot, req, offset))
+        for (width, _), group in sorted(groups.items()):
             finished += self._prefill(width, group)
         if any(r is not None for r in self.slot_request):
             finished += self._decode()
@@ -445,8 +502,10 @@ class Sampler:
     # ---- the rest of the interface
 
     def update_params(self, params: Any, version: int) -> None:
-        """Uses `params` (policy version `version`) from the next device call on."""
+        """Uses `params` (policy version `version`) from the next device call on; remembered prefixes were
+        computed by the old ones, so they are forgotten."""
         self.params, self.version = unstack_layers(params), int(version)
+        self.slot_prefix = [None] * self.slots
 
     def generate(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, request_ids: Sequence[str] | None = None
@@ -487,32 +546,72 @@ class Sampler:
     def _bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
+    def _assign(self, free: list[int], take: list[_Request]) -> list[tuple[int, _Request, int]]:
+        """(slot, request, offset) for each request: a free slot whose remembered prefix the prompt extends
+        (offset = the prefix's length), else a blank slot, else the least recently left one (offset 0)."""
+        out, rest = [], []
+        free = set(free)
+        for req in take:
+            n = len(req.prompt)
+            match = next(
+                (
+                    s
+                    for s in free
+                    if (p := self.slot_prefix[s]) is not None and len(p) < n and req.prompt[: len(p)] == p
+                ),
+                None,
+            )
+            if match is None:
+                rest.append(req)
+                continue
+            free.discard(match)
+            out.append((match, req, len(self.slot_prefix[match])))
+        order = sorted(free, key=lambda s: (self.slot_prefix[s] is not None, self.slot_left[s]))
+        out += [(slot, req, 0) for slot, req in zip(order, rest)]
+        for slot, _, _ in out:
+            self.slot_prefix[slot] = None
+        return out
+
     def _finish(self, slot: int | None, req: _Request) -> TurnOutput:
         if slot is not None:
             self.slot_request[slot] = None
+            # The cache holds the prompt and every drawn token but the last (never fed back).
+            self.slot_prefix[slot] = req.prompt + req.tokens[:-1] if self.reuse_prefix else None
+            self._clock += 1
+            self.slot_left[slot] = self._clock
         self.known.discard(req.request_id)
         self.counters["turns"] += 1
         stop = "eos" if req.tokens[-1] == self.eos_id else "length"
         return TurnOutput(req.request_id, req.tokens, req.logprobs, stop)
 
-    def _prefill(self, width: int, group: list[tuple[int, _Request]]) -> list[TurnOutput]:
+    def _prefill(self, width: int, group: list[tuple[int, _Request, int]]) -> list[TurnOutput]:
+        """PREFILL (every offset 0) or EXTEND (every offset > 0) of one group of (slot, request, offset)."""
         start = time.perf_counter()
         rows = min(_pow2_at_least(len(group)), self.slots)
         tokens = np.zeros((rows, width), np.int32)
+        offsets = np.zeros(rows, np.int32)
         lengths = np.zeros(rows, np.int32)
         slots = np.full(rows, self.slots, np.int32)  # out of range: padding rows are not written
         seeds = np.zeros(rows, np.int32)
-        for i, (slot, req) in enumerate(group):
-            tokens[i, : len(req.prompt)] = req.prompt
-            lengths[i], slots[i], seeds[i] = len(req.prompt), slot, req.seed
-        self.cache, first, logp, redone = prefill(
-            self.params, self.cache, tokens, lengths, slots, seeds, self.key,
-            cfg=self.cfg, temperature=self.temperature, top_p=self.top_p,
-        )  # fmt: skip
+        for i, (slot, req, offset) in enumerate(group):
+            suffix = req.prompt[offset:]
+            tokens[i, : len(suffix)] = suffix
+            offsets[i], lengths[i], slots[i], seeds[i] = offset, len(suffix), slot, req.seed
+        kwargs = dict(cfg=self.cfg, temperature=self.temperature, top_p=self.top_p)
+        if group[0][2] > 0:
+            self.cache, first, logp, redone = extend(
+                self.params, self.cache, tokens, offsets, lengths, slots, seeds, self.key, **kwargs
+            )
+            self.counters["extend_calls"] += 1
+            self.counters["reused_tokens"] += int(offsets.sum())
+        else:
+            self.cache, first, logp, redone = prefill(
+                self.params, self.cache, tokens, lengths, slots, seeds, self.key, **kwargs
+            )
         first, logp, redone = jax.device_get((first, logp, redone))
         finished = []
         st = self.state
-        for i, (slot, req) in enumerate(group):
+        for i, (slot, req, _) in enumerate(group):
             req.tokens.append(int(first[i]))
             req.logprobs.append(float(logp[i]))
             if req.tokens[-1] == self.eos_id or req.max_new == 1:

@@ -40,7 +40,7 @@ def evaluate(
             bar.set_postfix(solved=sum(r.reward or 0 for r in results))
     stats = rollouts.episode_stats(results)
     s = sampler.stats()
-    stats.update(tokens_per_s=s["tokens_per_s"], occupancy=s["occupancy"], wall_s=time.time() - t0)
+    stats.update({k: s[k] for k in ("tokens_per_s", "occupancy", "prefill_share")}, wall_s=time.time() - t0)
     logging.info("EVAL: %s", json.dumps(stats))
     if out is not None:
         out.write_text(json.dumps(stats, indent=1))

@@ -182,8 +182,10 @@ def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, to
                 / max(sum(r.n_tool_calls for r in flat), 1),
                 update_s=time.time() - t0,
                 rollout_s=rollout_s,
-                occupancy=sampler.stats()["occupancy"],
-                tokens_per_s=sampler.stats()["tokens_per_s"],
+                **{
+                    k: sampler.stats()[k]
+                    for k in ("occupancy", "tokens_per_s", "prefill_share", "reused_tokens")
+                },
                 **{k: float(v) for k, v in counts.items()},
                 **{f"pool_{k}": v for k, v in pool.metrics().items()},
             )

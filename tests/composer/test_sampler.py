@@ -219,3 +219,27 @@ def test_dropless_dispatch_logprobs_equal_forward():
     prompts = _prompts([7, 20], seed=4)
     for prompt, out in zip(prompts, _sampler(PARAMS, cfg).generate(prompts, 5)):
         _assert_logprobs_match(PARAMS, cfg, prompt, out)
+
+
+def test_a_returning_episode_reuses_its_prefix():
+    prompt = _prompts([12], seed=4)[0]
+    sampler = _sampler()
+    first = sampler.generate([prompt], 9, request_ids=["ep@0"])[0]
+    stream = prompt + first.token_ids + _prompts([7], seed=5)[0]
+    second = sampler.generate([stream], 9, request_ids=["ep@1"])[0]
+    stats = sampler.stats()
+    # The slot still held prompt + all but the last drawn token: only the rest was computed.
+    assert stats["extend_calls"] == 1 and stats["reused_tokens"] == len(prompt) + len(first.token_ids) - 1
+    rebuilt = _sampler().generate([stream], 9, request_ids=["ep@1"])[0]
+    assert second.token_ids == rebuilt.token_ids
+    np.testing.assert_allclose(second.logprobs, rebuilt.logprobs, atol=1e-5)
+    _assert_logprobs_match(PARAMS, CFG, stream, second)
+
+
+def test_new_params_forget_remembered_prefixes():
+    prompt = _prompts([12], seed=6)[0]
+    sampler = _sampler()
+    first = sampler.generate([prompt], 5, request_ids=["ep@0"])[0]
+    sampler.update_params(PARAMS, 1)
+    sampler.generate([prompt + first.token_ids + [3]], 5, request_ids=["ep@1"])
+    assert sampler.stats()["extend_calls"] == 0
