@@ -27,7 +27,8 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from composer import model, train
+from composer import params as params_lib
+from composer import train
 from composer.checkpoint import Checkpointer, finish_saves_on_sigterm
 from composer.metrics import MetricsWriter
 from composer.pipeline import learner as learner_lib
@@ -83,7 +84,8 @@ def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, to
     if ppo:
         # PPO: a critic head on the policy's trunk, born at zero beside the SFT weights.
         cfg = dataclasses.replace(cfg, value_head=True)
-        head = model.init(jax.random.key(config.seed), cfg)["value_head"]
+        decls = {"value_head": params_lib.declarations(cfg)["value_head"]}  # only the head, not the model
+        head = params_lib.initialize(jax.random.key(config.seed), decls, cfg.param_jnp_dtype)["value_head"]
         init_params = dict(init_params, value_head=head)
         hp = train.PPOHParams.from_config(config)
         targets_fn = jax.jit(functools.partial(train.ppo_targets, cfg=cfg, hp=hp))
