@@ -39,17 +39,8 @@ Keys and log-probs: see composer/sampling.py (a token's key depends only on its 
 in the turn, so batching never changes what is drawn; the log-prob recorded is that of the distribution
 the token was drawn from, which equals the learner's at temperature 1 and top_p 1).
 
-Expert capacity: capacity dispatch drops tokens depending on the rest of the batch, which would make a
-request's tokens depend on its batch-mates. The sampler runs the model with `sampling_config(cfg)`: for
-dispatch 'capacity' the capacity factor is n_experts / top_k, so every expert has room for every token of
-the call (nothing is ever dropped); other dispatches are dropless already. That room costs E / k times
-the expert FLOPs of a dropless kernel, so each MoE layer first runs with a smaller factor
-(PREFILL_CAPACITY, DECODE_CAPACITY) and runs again with E / k only if that pass dropped an assignment
-(`moe_dropless`; `stats()['moe_redo_rate']`): the output is the dropless one either way.
-
-Layers: the sampler runs the model's layers unrolled over per-layer weight and cache buffers
-(`forward_unstacked`), the same maths as model.forward (the tests compare the two), without the per-layer
-copies of weights and cache that the layer scan costs on XLA:CPU.
+The device calls (PREFILL, EXTEND, DECODE), the per-layer cache and the dropless expert capacity live
+in composer/sampler_device.py.
 
 Params: `update_params` swaps the weights used from the next device call on. A turn that is generating
 across the swap continues with the new weights over a cache written by the old ones (the learner's
@@ -57,27 +48,28 @@ truncated importance-sampling correction covers the difference).
 """
 
 import dataclasses
-import functools
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from composer import attention, kv_cache, layers, moe, sampling
-from composer.kv_cache import KVCache
+from composer import sampling
 from composer.model_config import ModelConfig
+from composer.sampler_device import (
+    SlotState,
+    decode,
+    extend,
+    init_layer_caches,
+    prefill,
+    sampling_config,
+    unstack_layers,
+)
 
 __all__ = ["Sampler", "TurnOutput", "default_buckets", "sampling_config"]
 
-# Expert capacity factors of the first pass of each MoE layer (see `moe_dropless`); the second pass, run
-# only when the first dropped an assignment, uses E / k, which never drops. A prefill has many tokens, so
-# its expert loads sit close to the mean; a decode step has one token per slot, so they vary more.
-PREFILL_CAPACITY = 1.5
-DECODE_CAPACITY = 3.0
 # The smallest attention window of a decode call; windows are length_buckets(_MIN_WINDOW, max_len).
 _MIN_WINDOW = 64
 
@@ -92,14 +84,6 @@ class TurnOutput:
     token_ids: list[int]
     logprobs: list[float]
     stop: str
-
-
-def sampling_config(cfg: ModelConfig) -> ModelConfig:
-    """`cfg` with an expert capacity that never drops a token (dispatch 'capacity': factor E / k, so an
-    expert's capacity equals the call's token count); dropless dispatches are returned unchanged."""
-    if cfg.dispatch != "capacity":
-        return cfg
-    return dataclasses.replace(cfg, capacity_factor=cfg.n_experts / cfg.top_k)
 
 
 def length_buckets(low: int, max_len: int) -> tuple[int, ...]:
@@ -119,283 +103,6 @@ def default_buckets(max_len: int) -> tuple[int, ...]:
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-@jax.jit
-def unstack_layers(params: dict) -> dict:
-    """The model's params with the layer stacks replaced by `layers`: one dict per layer, in order (the
-    dense layers, then the MoE layers), each weight its own buffer."""
-    out = {k: v for k, v in params.items() if k not in ("dense_layers", "moe_layers")}
-    out["layers"] = tuple(
-        jax.tree.map(lambda x, i=i: x[i], params[name])
-        for name in ("dense_layers", "moe_layers")
-        if name in params
-        for i in range(jax.tree.leaves(params[name])[0].shape[0])
-    )
-    return out
-
-
-class LayerCaches(NamedTuple):
-    """The KV cache as one buffer per layer: k[i], v[i]: [1, b, s, g, h] (layer i), lengths: [b] int32."""
-
-    k: tuple[jax.Array, ...]
-    v: tuple[jax.Array, ...]
-    lengths: jax.Array
-
-
-def init_layer_caches(cfg: ModelConfig, batch: int, max_len: int) -> LayerCaches:
-    """An empty per-layer cache for `batch` rows of up to `max_len` tokens."""
-    shape = (1, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
-    k, v = ([jnp.zeros(shape, cfg.compute_jnp_dtype) for _ in range(cfg.n_layers)] for _ in range(2))
-    return LayerCaches(k=tuple(k), v=tuple(v), lengths=jnp.zeros((batch,), jnp.int32))
-
-
-def moe_dropless(
-    p: dict, x_btd: jax.Array, valid_bt: jax.Array, cfg: ModelConfig, first_capacity: float
-) -> tuple[jax.Array, jax.Array]:
-    """The MoE layer with no dropped assignment, trying a smaller expert capacity first.
-
-    With capacity dispatch and first_capacity below cfg.capacity_factor (which must never drop), the
-    layer runs with factor first_capacity and, only if that dropped an assignment, again with
-    cfg.capacity_factor: the output is the dropless one either way, and most calls pay for the smaller
-    capacity only. Returns (y [b, t, d], whether the second pass ran).
-    """
-    if cfg.dispatch != "capacity" or first_capacity >= cfg.capacity_factor:
-        return moe.moe_layer(p, x_btd, valid_bt, cfg)[0], jnp.zeros((), bool)
-    y_btd, aux = moe.moe_layer(p, x_btd, valid_bt, dataclasses.replace(cfg, capacity_factor=first_capacity))
-    redo = aux["dropped_fraction"] > 0
-    y_btd = jax.lax.cond(redo, lambda: moe.moe_layer(p, x_btd, valid_bt, cfg)[0], lambda: y_btd)
-    return y_btd, redo
-
-
-def forward_unstacked(
-    params_u: dict,
-    tokens_bt: jax.Array,
-    positions_bt: jax.Array,
-    cfg: ModelConfig,
-    cache: LayerCaches,
-    first_capacity: float,
-    logits_at_b: jax.Array | None = None,
-) -> tuple[jax.Array, LayerCaches, jax.Array]:
-    """model.forward with a cache, over `unstack_layers(params)` and per-layer caches, layers unrolled.
-
-    The same maths as model.forward (pre-norm: x += Attn(RMSNorm(x)); x += FFN(RMSNorm(x)); final norm;
-    logits), from the model's own attention, MoE and SwiGLU functions; the tests compare the two. Why not
-    model.forward itself: its layer scan slices every layer's weights out of the stacked arrays and its
-    keys/values out of the [L, ...] cache, and XLA:CPU materialises those slices (copies of all the
-    expert weights and of the cache, every layer of every decode step: about 40% of a decode step of
-    the peer-shape model); per-layer buffers need no slice, and each layer's cache is written in place.
-    MoE layers run through `moe_dropless` with first_capacity. With logits_at_b ([b] int32) only the
-    logits of token logits_at_b[i] of each row are computed (a prefill needs its last position's only).
-    Returns (logits [b, t, v] float32, or [b, 1, v] with logits_at_b; the cache; the number of MoE
-    layers that needed their second pass).
-    """
-    dtype = cfg.compute_jnp_dtype
-    positions_bt = positions_bt.astype(jnp.int32)
-    valid_bt = positions_bt >= 0
-    x_btd = jnp.take(params_u["embed"], tokens_bt, axis=0).astype(dtype)
-    plan = kv_cache.plan_write(cache.lengths, positions_bt, cache.k[0].shape[2])
-    redone, k_out, v_out = jnp.zeros((), jnp.int32), [], []
-    for p, k, v in zip(params_u["layers"], cache.k, cache.v, strict=True):
-        one = KVCache(k=k, v=v, lengths=cache.lengths)
-        h_btd = layers.rms_norm(x_btd, p["attn_norm"], cfg.rms_eps)
-        a_btd, one = attention.attention_layer(p["attn"], h_btd, positions_bt, cfg, jnp.int32(0), one, plan)
-        x_btd = x_btd + a_btd
-        h_btd = layers.rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps)
-        if "moe" in p:
-            y_btd, redo = moe_dropless(p["moe"], h_btd, valid_bt, cfg, first_capacity)
-            redone = redone + redo.astype(jnp.int32)
-        else:
-            y_btd = layers.swiglu(h_btd, p["mlp"]["w_gate"], p["mlp"]["w_up"], p["mlp"]["w_down"])
-        x_btd = x_btd + y_btd
-        k_out.append(one.k)
-        v_out.append(one.v)
-    if logits_at_b is not None:
-        x_btd = jnp.take_along_axis(x_btd, logits_at_b[:, None, None], axis=1)
-    x_btd = layers.rms_norm(x_btd, params_u["final_norm"], cfg.rms_eps)
-    w_dv = params_u["embed"].T if cfg.tie_embeddings else params_u["unembed"]
-    logits_btv = jnp.einsum("btd,dv->btv", x_btd, w_dv.astype(dtype), preferred_element_type=jnp.float32)
-    return logits_btv, LayerCaches(tuple(k_out), tuple(v_out), plan.lengths_b), redone
-
-
-class SlotState(NamedTuple):
-    """The decode state of every slot, [b] int32 each."""
-
-    token_b: jax.Array  # the last drawn token, fed at the next step
-    position_b: jax.Array  # its position (= its cache index); -1: the slot is idle
-    index_b: jax.Array  # index in the turn of the next token to draw (its key's index)
-    max_new_b: jax.Array  # the turn ends once index reaches this
-    seed_b: jax.Array  # sampling.request_seed of the slot's request
-
-
-class DecodeOut(NamedTuple):
-    tokens_nb: jax.Array  # [n, b] int32, token drawn at step j by slot b
-    logprobs_nb: jax.Array  # [n, b] float32
-    kept_nb: jax.Array  # [n, b] bool: slot b was active at step j (the token belongs to its turn)
-    moe_redone: jax.Array  # int32 scalar: MoE layer passes redone with full capacity, over all steps
-    steps: jax.Array  # int32 scalar: steps run (< n when every slot went idle early)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "top_p"), donate_argnames=("cache",))
-def prefill(
-    params: dict,
-    cache: LayerCaches,
-    tokens_rt: jax.Array,
-    lengths_r: jax.Array,
-    slots_r: jax.Array,
-    seeds_r: jax.Array,
-    base_key: jax.Array,
-    *,
-    cfg: ModelConfig,
-    temperature: float,
-    top_p: float,
-) -> tuple[LayerCaches, jax.Array, jax.Array, jax.Array]:
-    """Prefills r prompts into slots `slots_r` of the slot cache and draws their first tokens.
-
-    tokens_rt: int32 [r, t], row i's prompt in its first lengths_r[i] entries; rows with slot index >= the
-    cache's batch (padding rows, lengths 0) are computed but not written. Returns (cache with the rows'
-    keys/values at positions [0, t) and lengths set, first tokens [r], their log-probs [r], the number
-    of MoE layers that ran a second, full-capacity pass).
-    """
-    r, t = tokens_rt.shape
-    t_idx = jnp.arange(t, dtype=jnp.int32)
-    positions_rt = jnp.where(t_idx[None, :] < lengths_r[:, None], t_idx[None, :], -1)
-    last_r = jnp.maximum(lengths_r - 1, 0)
-
-    small = init_layer_caches(cfg, r, t)
-    logits_r1v, small, redone = forward_unstacked(
-        params, tokens_rt, positions_rt, cfg, small, PREFILL_CAPACITY, last_r
-    )
-    logits_rv = logits_r1v[:, 0]
-    keys_r = sampling.token_keys(base_key, seeds_r, jnp.zeros_like(seeds_r))
-    tokens_r, logprobs_r = sampling.sample(keys_r, logits_rv, temperature, top_p)
-    # Scatter along the batch axis into the donated buffers; out-of-range slots (padding rows) are dropped.
-    k = tuple(big.at[:, slots_r, :t].set(new, mode="drop") for big, new in zip(cache.k, small.k))
-    v = tuple(big.at[:, slots_r, :t].set(new, mode="drop") for big, new in zip(cache.v, small.v))
-    lengths = cache.lengths.at[slots_r].set(lengths_r, mode="drop")
-    return LayerCaches(k=k, v=v, lengths=lengths), tokens_r, logprobs_r, redone
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "top_p"), donate_argnames=("cache",))
-def extend(
-    params: dict,
-    cache: LayerCaches,
-    tokens_rt: jax.Array,
-    offsets_r: jax.Array,
-    lengths_r: jax.Array,
-    slots_r: jax.Array,
-    seeds_r: jax.Array,
-    base_key: jax.Array,
-    *,
-    cfg: ModelConfig,
-    temperature: float,
-    top_p: float,
-) -> tuple[LayerCaches, jax.Array, jax.Array, jax.Array]:
-    """Appends r suffixes to slots that hold their prefixes, and draws each row's next token.
-
-    Slot slots_r[i] holds keys/values of positions [0, offsets_r[i]); row i's lengths_r[i] tokens
-    (tokens_rt[i, :lengths_r[i]]) go to positions offsets_r[i] + j, attending to that prefix and to each
-    other causally. Padding rows (slot index >= the cache's batch, length 0) are computed, not written.
-    Returns as prefill: (cache, next tokens [r], their log-probs [r], MoE layers that ran a second pass).
-    """
-    r, t = tokens_rt.shape
-    t_idx = jnp.arange(t, dtype=jnp.int32)
-    positions_rt = jnp.where(t_idx[None, :] < lengths_r[:, None], offsets_r[:, None] + t_idx[None, :], -1)
-    last_r = jnp.maximum(lengths_r - 1, 0)
-    rows = LayerCaches(
-        k=tuple(jnp.take(k, slots_r, axis=1, mode="clip") for k in cache.k),
-        v=tuple(jnp.take(v, slots_r, axis=1, mode="clip") for v in cache.v),
-        lengths=offsets_r,
-    )
-    logits_r1v, rows, redone = forward_unstacked(
-        params, tokens_rt, positions_rt, cfg, rows, PREFILL_CAPACITY, last_r
-    )
-    keys_r = sampling.token_keys(base_key, seeds_r, jnp.zeros_like(seeds_r))
-    tokens_r, logprobs_r = sampling.sample(keys_r, logits_r1v[:, 0], temperature, top_p)
-    k = tuple(big.at[:, slots_r].set(new, mode="drop") for big, new in zip(cache.k, rows.k))
-    v = tuple(big.at[:, slots_r].set(new, mode="drop") for big, new in zip(cache.v, rows.v))
-    lengths = cache.lengths.at[slots_r].set(offsets_r + lengths_r, mode="drop")
-    return LayerCaches(k=k, v=v, lengths=lengths), tokens_r, logprobs_r, redone
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=("cfg", "n_steps", "window", "temperature", "top_p"),
-    donate_argnames=("cache",),
-)
-def decode(
-    params: dict,
-    cache: LayerCaches,
-    state: SlotState,
-    base_key: jax.Array,
-    eos_id: jax.Array,
-    *,
-    cfg: ModelConfig,
-    n_steps: int,
-    window: int,
-    temperature: float,
-    top_p: float,
-) -> tuple[LayerCaches, SlotState, DecodeOut]:
-    """Up to n_steps decode steps of every slot in one call (stops early once every slot is idle).
-
-    Attention and cache writes use the first `window` cache positions only (the caller guarantees that
-    every active slot stays below it: position + n_steps <= window). A slot's turn ends when it draws
-    eos_id (-1: never) or when index reaches max_new; it then goes idle (position -1).
-    Returns (cache, final state, outputs).
-    """
-    b = state.token_b.shape[0]
-    full = cache.k[0].shape[2]
-    if window < full:
-        work = LayerCaches(
-            k=tuple(k[:, :, :window] for k in cache.k),
-            v=tuple(v[:, :, :window] for v in cache.v),
-            lengths=cache.lengths,
-        )
-    else:
-        work = cache
-    out0 = (
-        jnp.zeros((n_steps, b), jnp.int32),
-        jnp.zeros((n_steps, b), jnp.float32),
-        jnp.zeros((n_steps, b), bool),
-        jnp.zeros((), jnp.int32),
-    )
-
-    def cond(carry):
-        j, st, _, _ = carry
-        return (j < n_steps) & jnp.any(st.position_b >= 0)
-
-    def body(carry):
-        j, st, work, (tokens_nb, logprobs_nb, kept_nb, redone_total) = carry
-        logits_b1v, work, redone = forward_unstacked(
-            params, st.token_b[:, None], st.position_b[:, None], cfg, work, DECODE_CAPACITY
-        )
-        active_b = st.position_b >= 0
-        keys_b = sampling.token_keys(base_key, st.seed_b, st.index_b)
-        tok_b, logp_b = sampling.sample(keys_b, logits_b1v[:, 0], temperature, top_p)
-        index_b = st.index_b + active_b.astype(jnp.int32)
-        done_b = (tok_b == eos_id) | (index_b >= st.max_new_b)
-        st = st._replace(
-            token_b=jnp.where(active_b, tok_b, st.token_b),
-            position_b=jnp.where(active_b & ~done_b, st.position_b + 1, -1),
-            index_b=index_b,
-        )
-        outs = (
-            tokens_nb.at[j].set(tok_b),
-            logprobs_nb.at[j].set(logp_b),
-            kept_nb.at[j].set(active_b),
-            redone_total + redone,
-        )
-        return j + 1, st, work, outs
-
-    steps, state, work, outs = jax.lax.while_loop(cond, body, (jnp.int32(0), state, work, out0))
-    if window < full:
-        origin = (0, 0, 0, 0, 0)
-        work = LayerCaches(
-            k=tuple(jax.lax.dynamic_update_slice(k, w, origin) for k, w in zip(cache.k, work.k)),
-            v=tuple(jax.lax.dynamic_update_slice(v, w, origin) for v, w in zip(cache.v, work.v)),
-            lengths=work.lengths,
-        )
-    return work, state, DecodeOut(*outs, steps=steps)
 
 
 @dataclasses.dataclass
