@@ -144,6 +144,35 @@ def test_reference_attention_equals_loop():
     assert np.isfinite(np.asarray(got)).all()
 
 
+def test_causal_blocks_equal_full_attention_values_and_grads():
+    # Rows of real tokens at positions = indices, then padding (-1), as the cache-free path gets them.
+    b, t, n, g, h, block = 3, 32, 4, 2, 8, 8
+    ks = jax.random.split(jax.random.key(1), 3)
+    q = jax.random.normal(ks[0], (b, t, n, h))
+    k = jax.random.normal(ks[1], (b, t, g, h))
+    v = jax.random.normal(ks[2], (b, t, g, h))
+    lengths = np.array([32, 19, 5])
+    q_pos = np.where(np.arange(t)[None] < lengths[:, None], np.arange(t)[None], -1).astype(np.int32)
+    kv_len = jnp.asarray(lengths, jnp.int32)
+    real = jnp.asarray(q_pos >= 0)[:, :, None, None]
+
+    def loss(fn, q, k, v):
+        o = fn(q, k, v, jnp.asarray(q_pos), kv_len)
+        return jnp.sum(jnp.where(real, o, 0.0) * jnp.cos(jnp.arange(h)))
+
+    def blocked(*a):
+        return attention.attend_causal_blocks(attention.attend_reference, *a, block=block)
+
+    want, want_g = jax.value_and_grad(loss, (1, 2, 3))(attention.attend_reference, q, k, v)
+    got, got_g = jax.value_and_grad(loss, (1, 2, 3))(blocked, q, k, v)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for a, e in zip(got_g, want_g):
+        np.testing.assert_allclose(a, e, atol=1e-5)
+    o = blocked(q, k, v, jnp.asarray(q_pos), kv_len)
+    np.testing.assert_allclose(np.asarray(o)[q_pos >= 0], _attend_loop(q, k, v, q_pos, lengths)[q_pos >= 0],
+                               atol=1e-5)  # fmt: skip
+
+
 def test_registries_resolve_lazily():
     assert isinstance(attention.ATTENTION_IMPLS["pallas"], str)  # resolved only if selected
     assert attention.get_attend("reference") is attention.attend_reference
