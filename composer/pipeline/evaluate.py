@@ -32,7 +32,7 @@ def evaluate(
     with rollouts.pool(config) as pool, tqdm(total=len(tasks), desc="EVAL", unit="episode") as bar:
         groups = iter_groups(
             tasks, sampler, pool, tokenizer=tokenizer, group_size=1, limits=rollouts.limits(config),
-            max_active=2 * config.sampling.decode_slots, prompt_fn=rollouts.prompt_fn(config),
+            max_active=rollouts.max_active(config), prompt_fn=rollouts.prompt_fn(config),
         )  # fmt: skip
         for group in groups:
             results.extend(group)

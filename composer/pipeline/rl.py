@@ -13,7 +13,8 @@ One iteration of the loop, phases as named below:
   UPDATE      one jitted, sharded rl_step over the batch (micro-batches scanned);
   SYNC        the sampler takes the new params (policy version + 1) for its next device call;
   LOG         metrics.jsonl / TensorBoard; held-out evaluation every `eval.every_steps` steps;
-  CHECKPOINT  params, optimizer state, step, policy version and stream position, every N steps and at the end.
+  CHECKPOINT  params, optimizer state, step, policy version and stream position, every
+              `checkpoint.rl_every_steps` steps and at the end.
 """
 
 import collections
@@ -97,7 +98,7 @@ def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, to
     )  # fmt: skip
     ckpt = Checkpointer(
         workdir / "checkpoints" / "rl", max_to_keep=config.checkpoint.max_to_keep,
-        save_every=config.checkpoint.every_steps,
+        save_every=config.checkpoint.rl_every_steps,
     )  # fmt: skip
     meta = {"step": 0, "version": 0, "stream_position": 0}
     if ckpt.latest_step() is not None:
@@ -127,11 +128,12 @@ def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, to
     batch: list[list] = []
     step, version = meta["step"], meta["version"]
     dropped_this_step = 0
+    reused_before = 0  # the sampler's reused-token count at the last LOG (the metric is per step)
     t_phase = time.time()
     with rollouts.pool(config) as pool, tqdm(total=rl.steps, initial=step, desc="RL", unit="step") as bar:
         groups = iter_groups(
             stream, engine, pool, tokenizer=tokenizer, group_size=rl.group_size,
-            limits=rollouts.limits(config), max_active=2 * config.sampling.decode_slots,
+            limits=rollouts.limits(config), max_active=rollouts.max_active(config),
             prompt_fn=rollouts.prompt_fn(config),
         )  # fmt: skip
         t_rollout = time.time()
@@ -174,6 +176,7 @@ def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, to
             sampler.update_params(learner.params, version)
             # LOG
             flat = [r for g in batch for r in g]
+            sampler_stats = sampler.stats()
             metrics.update(
                 reward=float(rewards.mean()),
                 reward_accepted_groups=float(rewards.mean()),
@@ -184,10 +187,8 @@ def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, to
                 / max(sum(r.n_tool_calls for r in flat), 1),
                 update_s=time.time() - t0,
                 rollout_s=rollout_s,
-                **{
-                    k: sampler.stats()[k]
-                    for k in ("occupancy", "tokens_per_s", "prefill_share", "reused_tokens")
-                },
+                **{k: sampler_stats[k] for k in ("occupancy", "tokens_per_s", "prefill_share")},
+                reused_tokens=sampler_stats["reused_tokens"] - reused_before,
                 **{k: float(v) for k, v in counts.items()},
                 **{f"pool_{k}": v for k, v in pool.metrics().items()},
             )
@@ -202,6 +203,7 @@ def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, to
             ckpt.save(step, learner.state, dict(meta), force=step == rl.steps)
             batch = []
             dropped_this_step = 0
+            reused_before = sampler_stats["reused_tokens"]
             counts = collections.Counter({k: v for k, v in counts.items() if k.startswith("groups_dropped")})
             t_rollout = time.time()
             if step >= rl.steps:

@@ -84,6 +84,11 @@ def pool(config: ml_collections.ConfigDict) -> Iterator[RolloutPool]:
         yield p
 
 
+def max_active(config: ml_collections.ConfigDict) -> int:
+    """Episodes alive at once (sampling.max_active; 0 means one per decode slot)."""
+    return config.sampling.max_active or config.sampling.decode_slots
+
+
 def limits(config: ml_collections.ConfigDict) -> RolloutLimits:
     return RolloutLimits.from_config(config)
 
