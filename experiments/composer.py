@@ -124,6 +124,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.rl.max_staleness = 1
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups
+    # A batch whose advantages are all zero is not trained on (the step still counts): an update that
+    # follows only the MoE auxiliary losses, scaled up by Adam, makes the policy drift.
+    c.rl.skip_no_signal_updates = True
     c.rl.gamma = 1.0
     c.rl.gae_lambda = 0.95
     c.rl.value_coef = 0.5  # PPO ('gae'): weight of the value loss
@@ -195,8 +198,10 @@ def _tiny(c: ConfigDict) -> None:
     c.rl.steps = 2
     c.rl.tasks_per_step = 2
     c.rl.group_size = 2
-    # The tiny model solves nothing, so every group is all-zero: keep them to exercise the update path.
+    # The tiny model solves nothing, so every group is all-zero: keep them, and train on them, to exercise
+    # the update path.
     c.rl.dynamic_sampling = False
+    c.rl.skip_no_signal_updates = False
     c.sampling.decode_slots = 4
     c.sampling.max_turn_tokens = 64
     c.env.n_train_tasks = 8
