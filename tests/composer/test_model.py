@@ -129,12 +129,16 @@ def _attend_loop(q, k, v, q_pos, kv_len):
     return out
 
 
+def _qkv(seed: int, b: int, t: int, s: int, n: int, g: int, h: int):
+    """Random queries [b, t, n, h] and keys, values [b, s, g, h]."""
+    ks = jax.random.split(jax.random.key(seed), 3)
+    return (jax.random.normal(ks[0], (b, t, n, h)), jax.random.normal(ks[1], (b, s, g, h)),
+            jax.random.normal(ks[2], (b, s, g, h)))  # fmt: skip
+
+
 def test_reference_attention_equals_loop():
     b, t, s, n, g, h = 3, 4, 9, 6, 2, 8
-    ks = jax.random.split(jax.random.key(0), 3)
-    q = jax.random.normal(ks[0], (b, t, n, h))
-    k = jax.random.normal(ks[1], (b, s, g, h))
-    v = jax.random.normal(ks[2], (b, s, g, h))
+    q, k, v = _qkv(0, b, t, s, n, g, h)
     q_pos = np.array([[3, 4, 5, 6], [0, 1, -1, -1], [8, -1, -1, -1]], np.int32)
     kv_len = np.array([7, 2, 9], np.int32)
     got = jax.jit(attention.attend_reference)(q, k, v, jnp.asarray(q_pos), jnp.asarray(kv_len))
@@ -147,10 +151,7 @@ def test_reference_attention_equals_loop():
 def test_causal_blocks_equal_full_attention_values_and_grads():
     # Rows of real tokens at positions = indices, then padding (-1), as the cache-free path gets them.
     b, t, n, g, h, block = 3, 32, 4, 2, 8, 8
-    ks = jax.random.split(jax.random.key(1), 3)
-    q = jax.random.normal(ks[0], (b, t, n, h))
-    k = jax.random.normal(ks[1], (b, t, g, h))
-    v = jax.random.normal(ks[2], (b, t, g, h))
+    q, k, v = _qkv(1, b, t, t, n, g, h)
     lengths = np.array([32, 19, 5])
     q_pos = np.where(np.arange(t)[None] < lengths[:, None], np.arange(t)[None], -1).astype(np.int32)
     kv_len = jnp.asarray(lengths, jnp.int32)
