@@ -182,18 +182,18 @@ def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, to
             seqs, rewards = _sequences(batch, rl.algorithm)
             # UPDATE (skipped when the batch carries no signal: see has_policy_signal)
             t0 = time.time()
-            step += 1
             if has_policy_signal(seqs, rl):
                 packed = learner_lib.pack(seqs, config, len(seqs))
                 if ppo:
                     packed.update(jax.device_get(targets_fn(learner.params, packed)))
-                metrics = jax.device_get(learner.step(packed, jax.random.fold_in(key, step - 1)))
+                metrics = jax.device_get(learner.step(packed, jax.random.fold_in(key, step)))
                 metrics["update_skipped"] = 0.0
                 version += 1
                 # SYNC
                 sampler.update_params(learner.params, version)
             else:
                 metrics = {"update_skipped": 1.0}
+            step += 1
             # LOG
             flat = [r for g in batch for r in g]
             sampler_stats = sampler.stats()
@@ -213,9 +213,8 @@ def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, to
                 **{f"pool_{k}": v for k, v in pool.metrics().items()},
             )
             writer.write("rl", step, metrics)
-            bar.set_postfix(
-                reward=f"{metrics['reward_all']:.2f}", loss=f"{float(metrics.get('loss', 0.0)):.3f}"
-            )
+            loss = f"{float(metrics['loss']):.3f}" if "loss" in metrics else "skipped"
+            bar.set_postfix(reward=f"{metrics['reward_all']:.2f}", loss=loss)
             bar.update()
             if config.eval.every_steps and step % config.eval.every_steps == 0 and step < rl.steps:
                 heldout = evaluate(config, learner.params, sampler_cfg, tokenizer, data.heldout_tasks)
