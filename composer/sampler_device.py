@@ -183,6 +183,18 @@ def _run_rows(
     return rows, tokens_r, logprobs_r, redone
 
 
+def _write_rows(
+    cache: LayerCaches, rows: LayerCaches, slots_r: jax.Array, lengths_r: jax.Array
+) -> LayerCaches:
+    """`cache` with rows[i] written to slot slots_r[i] (its first rows.k[0].shape[2] positions) and that
+    slot's length set to lengths_r[i]: a scatter along the batch axis into the donated buffers, where an
+    out-of-range slot (a padding row) is dropped."""
+    w = rows.k[0].shape[2]
+    k = tuple(big.at[:, slots_r, :w].set(new, mode="drop") for big, new in zip(cache.k, rows.k))
+    v = tuple(big.at[:, slots_r, :w].set(new, mode="drop") for big, new in zip(cache.v, rows.v))
+    return LayerCaches(k=k, v=v, lengths=cache.lengths.at[slots_r].set(lengths_r, mode="drop"))
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "temperature", "top_p"), donate_argnames=("cache",))
 def prefill(
     params: dict,
@@ -209,11 +221,7 @@ def prefill(
         params, init_layer_caches(cfg, r, t), tokens_rt, jnp.zeros_like(lengths_r), lengths_r, seeds_r,
         base_key, cfg, temperature, top_p,
     )  # fmt: skip
-    # Scatter along the batch axis into the donated buffers; out-of-range slots (padding rows) are dropped.
-    k = tuple(big.at[:, slots_r, :t].set(new, mode="drop") for big, new in zip(cache.k, small.k))
-    v = tuple(big.at[:, slots_r, :t].set(new, mode="drop") for big, new in zip(cache.v, small.v))
-    lengths = cache.lengths.at[slots_r].set(lengths_r, mode="drop")
-    return LayerCaches(k=k, v=v, lengths=lengths), tokens_r, logprobs_r, redone
+    return _write_rows(cache, small, slots_r, lengths_r), tokens_r, logprobs_r, redone
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "temperature", "top_p"), donate_argnames=("cache",))
@@ -246,10 +254,7 @@ def extend(
     rows, tokens_r, logprobs_r, redone = _run_rows(
         params, rows, tokens_rt, offsets_r, lengths_r, seeds_r, base_key, cfg, temperature, top_p
     )
-    k = tuple(big.at[:, slots_r].set(new, mode="drop") for big, new in zip(cache.k, rows.k))
-    v = tuple(big.at[:, slots_r].set(new, mode="drop") for big, new in zip(cache.v, rows.v))
-    lengths = cache.lengths.at[slots_r].set(offsets_r + lengths_r, mode="drop")
-    return LayerCaches(k=k, v=v, lengths=lengths), tokens_r, logprobs_r, redone
+    return _write_rows(cache, rows, slots_r, offsets_r + lengths_r), tokens_r, logprobs_r, redone
 
 
 @functools.partial(
