@@ -34,10 +34,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from env.tasks import callgraph, probe, report
 from env.tasks import domains as dom
-from env.tasks import probe
 from env.tasks.diffs import PatchError, apply_patch, make_tree_diff
 from env.tasks.families import FAMILIES, mutations
+from env.tasks.report import is_literal, literal
 from env.tasks.task import Task, save_task
 
 GENERATOR_VERSION = 1
@@ -110,29 +111,6 @@ class _Draft:
     tests: list[_Test]
     headers: dict[str, str]  # test file -> its import lines
     exports: list[str]  # names the package exports
-
-
-def _lit(value) -> str:
-    """A Python literal for `value`, strings in double quotes (the house style of the generated code)."""
-    if isinstance(value, str):
-        return (
-            '"' + value.replace("\\", "\\\\") + '"' if '"' not in value and "\n" not in value else repr(value)
-        )
-    if isinstance(value, list):
-        return "[" + ", ".join(map(_lit, value)) + "]"
-    if isinstance(value, tuple):
-        return "(" + ", ".join(map(_lit, value)) + ("," if len(value) == 1 else "") + ")"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_lit(k)}: {_lit(v)}" for k, v in value.items()) + "}"
-    return repr(value)
-
-
-def _is_literal(value) -> bool:
-    try:
-        back = ast.literal_eval(_lit(value))
-    except (ValueError, SyntaxError):
-        return False
-    return back == value and _lit(back) == _lit(value)
 
 
 def _draw_names(rng: random.Random, parts: list[dom.Domain]) -> dict[str, str]:
@@ -273,7 +251,7 @@ def _scenario(rng: random.Random, sc: dom.Scenario, mapping: dict, file: str) ->
     drawn: dict[str, object] = {}
     for key, gen in sc.values.items():
         drawn[key] = gen.fn(drawn) if isinstance(gen, dom.Derived) else gen(rng)
-    full = {**mapping, **{k: _lit(v) for k, v in drawn.items()}}
+    full = {**mapping, **{k: literal(v) for k, v in drawn.items()}}
     sub = lambda s: string.Template(s).substitute(full)
     return _Test(
         file=file,
@@ -315,83 +293,13 @@ def _fix_expectations(draft: _Draft) -> None:
         if test.raises is not None:
             if outcome.error_type == test.raises:
                 kept.append(test)
-        elif outcome.error is None and _is_literal(outcome.value):
+        elif outcome.error is None and is_literal(outcome.value):
             test.expected = outcome.value
             kept.append(test)
     names = [t.node_id for t in kept]
     if len(kept) < 4 or len(set(names)) != len(names):
         raise _Reject("too few usable tests")
     draft.tests = kept
-
-
-# ------------------------------------------------------------------------------------------- call graph
-
-
-def _call_graph(draft: _Draft) -> tuple[dict[str, set[str]], dict[str, str], dict[str, str], dict[str, str]]:
-    """(qualname -> qualnames it calls, qualname -> dotted module, function or class name -> qualname (a
-    class: its __init__), method name -> qualname)."""
-    top: dict[str, str] = {}
-    methods: dict[str, str] = {}
-    where: dict[str, str] = {}
-    bodies: dict[str, ast.AST] = {}
-    for module, text in draft.sources.items():
-        for node in ast.parse(text).body:
-            if isinstance(node, ast.FunctionDef):
-                top[node.name] = node.name
-                where[node.name], bodies[node.name] = module, node
-            elif isinstance(node, ast.ClassDef):
-                top[node.name] = f"{node.name}.__init__"
-                for item in node.body:
-                    if isinstance(item, ast.FunctionDef):
-                        qual = f"{node.name}.{item.name}"
-                        if item.name != "__init__":
-                            methods[item.name] = qual
-                        where[qual], bodies[qual] = module, item
-    graph = {q: _calls(body, top, methods) for q, body in bodies.items()}
-    return graph, where, top, methods
-
-
-def _calls(node: ast.AST, top: dict[str, str], methods: dict[str, str]) -> set[str]:
-    out = set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Call):
-            if isinstance(n.func, ast.Name) and n.func.id in top:
-                out.add(top[n.func.id])
-            elif isinstance(n.func, ast.Attribute) and n.func.attr in methods:
-                out.add(methods[n.func.attr])
-    return out
-
-
-def _distances(graph: dict[str, set[str]], starts: set[str]) -> dict[str, int]:
-    dist = {s: 0 for s in starts}
-    frontier = list(starts)
-    while frontier:
-        nxt = []
-        for q in frontier:
-            for callee in graph.get(q, ()):
-                if callee not in dist:
-                    dist[callee] = dist[q] + 1
-                    nxt.append(callee)
-        frontier = nxt
-    return dist
-
-
-def _chain(graph: dict[str, set[str]], starts: set[str], target: str) -> list[str]:
-    """A shortest call path from one of `starts` to `target`."""
-    parent: dict[str, str | None] = {s: None for s in sorted(starts)}
-    frontier = sorted(starts)
-    while frontier and target not in parent:
-        nxt = []
-        for q in frontier:
-            for callee in sorted(graph.get(q, ())):
-                if callee not in parent:
-                    parent[callee] = q
-                    nxt.append(callee)
-        frontier = nxt
-    path = [target]
-    while parent[path[-1]] is not None:
-        path.append(parent[path[-1]])
-    return path[::-1]
 
 
 # ------------------------------------------------------------------------------------------------- the bug
@@ -412,10 +320,10 @@ class _Bug:
 
 
 def _find_bug(draft: _Draft, family: str) -> _Bug:
-    graph, where, top, methods = _call_graph(draft)
+    graph, where, top, methods = callgraph.call_graph(draft.sources)
     depth = _LAYOUT[min(draft.difficulty, 5)][0]
-    called = [_calls(ast.parse("\n".join([*t.setup, t.expr])), top, methods) for t in draft.tests]
-    dists = [_distances(graph, c) for c in called]
+    called = [callgraph.calls(ast.parse("\n".join([*t.setup, t.expr])), top, methods) for t in draft.tests]
+    dists = [callgraph.distances(graph, c) for c in called]
     candidates = sorted(q for q in graph if any(d.get(q) == depth for d in dists))
     draft.rng.shuffle(candidates)
     callables = frozenset(top) | frozenset(methods)
@@ -450,7 +358,7 @@ def _find_bug(draft: _Draft, family: str) -> _Bug:
                 m.description,
                 failing,
                 outcomes,
-                _chain(graph, called[shown], qual),
+                callgraph.chain(graph, called[shown], qual),
                 shown,
                 where,
             )
@@ -460,64 +368,6 @@ def _find_bug(draft: _Draft, family: str) -> _Bug:
     if fallback is None:
         raise _Reject(f"no {family} bug at depth {depth}")
     return fallback
-
-
-# ------------------------------------------------------------------------------------------------ report
-
-_TITLES = (
-    "Wrong result for {about}",
-    "Unexpected value for {about}",
-    "Bug: wrong value for {about}",
-    "Problem with {about}",
-    "Incorrect result for {about}",
-)
-_INTROS = ("Steps to reproduce:", "I ran this:", "Minimal example:", "To reproduce:", "Here is what I did:")
-_CLOSINGS = ("", "", "Other calls seem fine.", "Could you take a look?", "The rest of the package works.")
-
-
-def _statement(draft: _Draft, bug: _Bug) -> str:
-    rng = draft.rng
-    test = draft.tests[bug.shown]
-    outcome = bug.outcomes[bug.shown]
-    title = rng.choice(_TITLES).format(about=test.about)
-    used = [n for n in re.findall(r"\b\w+\b", "\n".join([*test.setup, test.expr])) if n in draft.exports]
-    header = f"from {draft.package} import {', '.join(sorted(set(used)))}\n"
-    if test.raises is not None:
-        code = [*test.setup, test.expr]
-        if outcome.error is not None:
-            result = f"The last line raises `{outcome.error}` instead of a `{test.raises}`."
-        else:
-            result = f"I expected the last line to raise a `{test.raises}`, but no error is raised."
-    else:
-        code = [*test.setup, f"result = {test.expr}"]
-        want = _lit(test.expected)
-        if outcome.error is not None:
-            result = f"The last line raises `{outcome.error}`; `result` should be `{want}`."
-        else:
-            got = _lit(outcome.value)
-            result = rng.choice(
-                (
-                    f"`result` is `{got}`, but it should be `{want}`.",
-                    f"I get `{got}` for `result`; the correct value is `{want}`.",
-                    f"Expected `result == {want}`, got `{got}`.",
-                )
-            )
-    snippet = header + "\n" + "\n".join(code)
-    closing = rng.choice(_CLOSINGS)
-    parts = [title, "", rng.choice(_INTROS), "", "```python", snippet, "```", "", result]
-    if closing:
-        parts += ["", closing]
-    return "\n".join(parts)
-
-
-def _leaks(draft: _Draft, bug: _Bug, statement: str) -> bool:
-    """Whether the report names the file or function to fix (beyond the entry points the user called)."""
-    called_names = {q.split(".")[-1] for q in bug.chain[:1]} | {q.split(".")[0] for q in bug.chain[:1]}
-    fn_name = bug.qualname.split(".")[-1]
-    module = bug.module.split(".")[-1]
-    if fn_name not in called_names and re.search(rf"\b{re.escape(fn_name)}\b", statement):
-        return True
-    return f"{module}.py" in statement or bug.module in statement
 
 
 # ------------------------------------------------------------------------------------------------ writing
@@ -539,7 +389,7 @@ def _repo_files(draft: _Draft, sources: dict[str, str]) -> dict[str, str]:
             elif t.expected is None or isinstance(t.expected, bool):
                 lines += [f"    result = {t.expr}", f"    assert result is {t.expected!r}"]
             else:
-                lines += [f"    result = {t.expr}", f"    assert result == {_lit(t.expected)}"]
+                lines += [f"    result = {t.expr}", f"    assert result == {literal(t.expected)}"]
             funcs.append("\n".join(lines))
         files[file] = header + "\n\n" + "\n\n\n".join(funcs) + "\n"
     return files
@@ -567,8 +417,8 @@ def generate_task(seed: int, difficulty: int, out_dir: Path | str, split: str = 
             draft = _draft(rng, difficulty)
             _fix_expectations(draft)
             bug = _find_bug(draft, family)
-            statement = _statement(draft, bug)
-            if _leaks(draft, bug, statement):
+            statement = report.statement(draft, bug)
+            if report.leaks(draft, bug, statement):
                 raise _Reject("report names the fix location")
         except _Reject as e:
             reasons[str(e)] += 1
