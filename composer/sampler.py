@@ -37,7 +37,7 @@ One `step()`:
 
 Keys and log-probs: see composer/sampling.py (a token's key depends only on its request id and its index
 in the turn, so batching never changes what is drawn; the log-prob recorded is that of the distribution
-the token was drawn from, which equals the learner's at temperature 1 and top_p 1).
+the token was drawn from, which equals the learner's at the same temperature when top_p is 1).
 
 The device calls (PREFILL, EXTEND, DECODE), the per-layer cache and the dropless expert capacity live
 in composer/sampler_device.py.

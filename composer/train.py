@@ -35,10 +35,14 @@ class TrainState(NamedTuple):
 
 
 def make_optimizer(optim: ml_collections.ConfigDict, learning_rate: float, total_steps: int):
-    """AdamW with linear warmup then cosine decay to 10%, after global-norm clipping."""
+    """AdamW with linear warmup then cosine decay to 10%, after global-norm clipping.
+
+    The warmup starts at peak / (warmup + 1), not 0: a first step at rate 0 would be an update that does
+    nothing (in a short RL phase, with a batch that may carry the only reward signal of the run).
+    """
     warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
     schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
+        init_value=learning_rate / (warmup + 1),
         peak_value=learning_rate,
         warmup_steps=warmup,
         decay_steps=max(total_steps, warmup + 1),
@@ -55,15 +59,26 @@ def init_state(params: PyTree, optimizer: optax.GradientTransformation) -> Train
 
 
 def token_logprobs(
-    params: PyTree, tokens_bt: jax.Array, positions_bt: jax.Array, cfg: model.ModelConfig
+    params: PyTree,
+    tokens_bt: jax.Array,
+    positions_bt: jax.Array,
+    cfg: model.ModelConfig,
+    temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array, dict]:
     """Log-probs of each next token: out[b, i] = log p(tokens[b, i] | tokens[b, :i]) for i >= 1 (0 at i=0).
 
-    Returns (logprobs_bt, entropy_bt, aux). Target-aligned: index i scores token i, so masks and sampler
-    log-probs are indexed by the position of the token they describe.
+    p = softmax(logits / temperature): the policy the sampler draws from at that (static) temperature, so
+    RL at a temperature below 1 optimises the policy it samples and the sampler's log-probs match the
+    learner's (composer/sampling.py). Returns (logprobs_bt, entropy_bt, aux). Target-aligned: index i
+    scores token i, so masks and sampler log-probs are indexed by the position of the token they describe.
     """
+    if temperature <= 0:
+        raise ValueError(f"learner log-probs need a temperature > 0, got {temperature}")
     logits_btv, _, aux = model.forward(params, tokens_bt, positions_bt, cfg)
-    logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
+    logits_btv = logits_btv[:, :-1].astype(jnp.float32)
+    if temperature != 1.0:
+        logits_btv = logits_btv / temperature
+    logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
     target = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
     pad = jnp.zeros_like(target[:, :1])
@@ -103,10 +118,14 @@ class RLHParams(NamedTuple):
     mask_truncated: bool = True
     aggregation: str = "token_mean"
     norm_len: int | None = None
+    temperature: float = 1.0  # the sampler's: the learner scores softmax(logits / temperature)
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> "RLHParams":
         rl = config.rl
+        temperature = config.sampling.temperature
+        if temperature <= 0:
+            raise ValueError(f"RL samples its rollouts: sampling.temperature must be > 0, got {temperature}")
         return cls(
             clip_low=rl.clip_low,
             clip_high=rl.clip_high,
@@ -115,6 +134,7 @@ class RLHParams(NamedTuple):
             mask_truncated=rl.mask_truncated,
             aggregation=losses.DEFAULT_AGGREGATION[rl.algorithm],
             norm_len=config.env.max_episode_tokens,
+            temperature=temperature,
         )
 
 
@@ -124,8 +144,18 @@ def rl_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: RLHParams):
     One update per rollout batch: the 'old' policy is the current parameters (ratio 1, gradient of log p);
     truncated importance sampling corrects for the sampler's (possibly stale) log-probs.
     """
-    logp, entropy, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg)
+    logp, entropy, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg, hp.temperature)
     return _policy_loss(logp, entropy, aux, batch, cfg, hp)
+
+
+def reference_logprobs(ref_params: PyTree, batch: dict, cfg: model.ModelConfig, temperature: float = 1.0):
+    """The reference model's token log-probs for a [m, b, t] batch (the KL term's `ref_logprobs`), one
+    micro-batch at a time, at the sampler's temperature like the policy's."""
+
+    def micro(mb):
+        return token_logprobs(ref_params, mb["tokens"], mb["positions"], cfg, temperature)[0]
+
+    return jax.lax.map(micro, {"tokens": batch["tokens"], "positions": batch["positions"]})
 
 
 def _policy_loss(logp, entropy, aux: dict, batch: dict, cfg: model.ModelConfig, hp: RLHParams):
@@ -202,7 +232,8 @@ def ppo_targets(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: PPOHPar
 
 def ppo_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: PPOHParams):
     """PPO: the clipped policy loss on per-token GAE advantages plus value_coef times the value loss."""
-    logp, entropy, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg)
+    temperature = hp.policy.temperature
+    logp, entropy, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg, temperature)
     policy_total, sums = _policy_loss(logp, entropy, aux, batch, cfg, hp.policy)
     vloss, vmetrics = losses.value_loss(
         _state_values(aux),

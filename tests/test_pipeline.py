@@ -66,11 +66,13 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_pipeline_with_the_ray_pool_and_ppo(tmp_path):
+    # PPO with a KL term to the SFT model, sampling below temperature 1.
     pytest.importorskip("ray", reason="the Ray backend needs ray (requirements.txt installs it)")
     workdir, log = tmp_path / "run", tmp_path / "run.log"
     proc = _launch(
-        workdir, log, "--config.rl.steps=2", "--config.env.rollout_backend=ray", "--config.rl.algorithm=gae"
-    )
+        workdir, log, "--config.rl.steps=2", "--config.env.rollout_backend=ray", "--config.rl.algorithm=gae",
+        "--config.rl.kl_coef=0.05", "--config.sampling.temperature=0.8",
+    )  # fmt: skip
     proc.wait(timeout=900)
     out = log.read_text()
     assert proc.returncode == 0, out[-5000:]
@@ -78,5 +80,7 @@ def test_tiny_pipeline_with_the_ray_pool_and_ppo(tmp_path):
     rl = read_metrics(workdir, "rl")
     assert [r["step"] for r in rl] == [1, 2]
     assert all("value_loss" in r and "value_error" in r for r in rl)  # the PPO loss ran, critic included
+    # The KL to the reference ran: zero at the first update (the reference is the starting policy), then not.
+    assert abs(rl[0]["kl_ref"]) < 1e-5 and rl[1]["kl_ref"] > 0
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["rl"]["episodes"] == 4 and summary["rl"]["errors"] == 0

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from composer import model, sampling
+from composer import model, sampling, train
 from composer.model_config import ModelConfig
 from composer.sampler import Sampler
 
@@ -64,6 +64,19 @@ def test_logprobs_equal_forward_at_temperature_one():
     for prompt, out in zip(prompts, outs):
         assert len(out.token_ids) == 10 and out.stop == "length"
         _assert_logprobs_match(PARAMS, CFG, prompt, out)
+
+
+def test_logprobs_equal_the_rl_learners_at_the_sampling_temperature():
+    # RL below temperature 1: the learner scores softmax(logits / T), the distribution the sampler drew
+    # from, so its log-probs of the sampled tokens are the sampler's (and differ from the T = 1 ones).
+    prompts = _prompts([6, 11], seed=5)
+    for prompt, out in zip(prompts, _sampler(temperature=0.7).generate(prompts, 8)):
+        seq = np.array(prompt + out.token_ids, np.int32)[None]
+        positions = np.arange(seq.shape[1])[None]
+        learner = np.asarray(train.token_logprobs(PARAMS, seq, positions, CFG, temperature=0.7)[0][0])
+        np.testing.assert_allclose(out.logprobs, learner[len(prompt) :], atol=1e-4)
+        at_one = np.asarray(train.token_logprobs(PARAMS, seq, positions, CFG)[0][0])
+        assert np.abs(at_one[len(prompt) :] - learner[len(prompt) :]).max() > 1e-2
 
 
 def test_update_params_takes_effect():
