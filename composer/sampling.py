@@ -17,8 +17,8 @@ and the recorded log-prob of the drawn token x is log q(x), the log-prob under t
 actually drawn from (the behaviour policy of RL). At p = 1, q = softmax(z / T), which is what the RL learner
 scores (composer.train.token_logprobs at the sampler's temperature), so the two log-probs agree. With
 p < 1 they differ: the learner has no nucleus, and the loss's importance-sampling correction (truncated
-ratio learner / sampler) sees that gap as staleness. T = 0 is greedy (argmax); its distribution is a point mass, so the recorded log-prob is 0 (the
-same as a nucleus of one token, the limit p -> 0).
+ratio learner / sampler) sees that gap as staleness. T = 0 is greedy (argmax); its distribution is a
+point mass, so the recorded log-prob is 0 (the same as a nucleus of one token, the limit p -> 0).
 """
 
 import hashlib
