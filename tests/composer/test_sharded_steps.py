@@ -4,9 +4,9 @@ import dataclasses
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from step_batches import random_batch
 
 from composer import distributed, model, sharding, train
 from experiments import composer as composer_config
@@ -20,21 +20,8 @@ MESHES = [{"data": 2, "fsdp": 2, "expert": 2}, {"fsdp": 2, "expert": 2, "tensor"
 STEPS = {"sft": (train.sft_step, {}), "rl": (train.rl_step, {"hp": train.RLHParams()})}
 
 
-def _batch(key, m, b, t, rl):
-    k1, k2, k3 = jax.random.split(key, 3)
-    pos = jnp.broadcast_to(jnp.arange(t), (m, b, t))
-    valid = pos < jax.random.randint(k2, (m, b), t // 2, t + 1)[..., None]
-    batch = {
-        "tokens": jax.random.randint(k1, (m, b, t), 0, CFG.vocab_size),
-        "positions": jnp.where(valid, pos, -1),
-        "loss_mask": (valid & (pos >= 3)).astype(jnp.float32),
-    }
-    if rl:
-        batch["advantages"] = jax.random.normal(k3, (m, b))
-        batch["sampler_logprobs"] = jnp.full((m, b, t), -4.0)
-        batch["truncated"] = jnp.zeros((m, b), bool).at[0, 0].set(True)
-        batch["ref_logprobs"] = jnp.zeros((m, b, t))
-    return batch
+def _batch(key, m, b, t, rl=False):
+    return random_batch(key, m, b, t, vocab_size=CFG.vocab_size, rl=rl)
 
 
 def _run(kind: str, sizes: dict, dispatch: str):

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from step_batches import random_batch
 
 from composer import model, sharding, train
 from composer.rl import losses
@@ -13,22 +14,7 @@ CFG = model.ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_h
 
 
 def _batch(key, m, b, t, rl=False):
-    k1, k2, k3 = jax.random.split(key, 3)
-    tokens = jax.random.randint(k1, (m, b, t), 0, CFG.vocab_size)
-    lengths = jax.random.randint(k2, (m, b), t // 2, t + 1)
-    pos = jnp.broadcast_to(jnp.arange(t), (m, b, t))
-    valid = pos < lengths[..., None]
-    batch = {
-        "tokens": tokens,
-        "positions": jnp.where(valid, pos, -1),
-        "loss_mask": (valid & (pos >= 3)).astype(jnp.float32),
-    }
-    if rl:
-        batch["advantages"] = jax.random.normal(k3, (m, b))
-        batch["sampler_logprobs"] = jnp.full((m, b, t), -4.0)
-        batch["truncated"] = jnp.zeros((m, b), bool).at[0, 0].set(True)
-        batch["ref_logprobs"] = jnp.zeros((m, b, t))
-    return batch
+    return random_batch(key, m, b, t, vocab_size=CFG.vocab_size, rl=rl)
 
 
 def _optimizer():
