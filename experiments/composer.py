@@ -166,6 +166,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.eval.n_tasks = 50
     c.eval.temperature = 0.0  # 0: greedy
     c.eval.every_steps = 20
+    # Held-out tasks whose expert trajectories score next-call accuracy in EVAL (0: off). Each costs about
+    # five generated turns per EVAL.
+    c.eval.next_call_tasks = 12
 
     # ---- checkpoint
     c.checkpoint = ConfigDict()
@@ -209,6 +212,7 @@ def _tiny(c: ConfigDict) -> None:
     c.env.max_turns = 4
     c.env.max_episode_tokens = 2048
     c.eval.n_tasks = 4
+    c.eval.next_call_tasks = 2
     c.checkpoint.every_steps = 1
     c.checkpoint.rl_every_steps = 1
     c.optim.warmup_steps = 2

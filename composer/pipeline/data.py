@@ -27,6 +27,8 @@ class Data:
     heldout_tasks: list
     tokenizer: Tokenizer
     trajectories: list[list[chat.Message]]
+    # The expert on the first eval.next_call_tasks held-out tasks: prefixes for next-call accuracy (EVAL).
+    heldout_expert: list[list[chat.Message]] = dataclasses.field(default_factory=list)
 
 
 def _suite(out: Path, count: int, seed: int, difficulty: int, split: str) -> list:
@@ -93,6 +95,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
     trajectories = _with_system(trajectories, rollouts.system_prompt(config))
     if not trajectories:
         raise RuntimeError("DATA: the expert solved no task, so there is nothing to learn from")
+    n_probe = min(config.eval.next_call_tasks, len(heldout))
+    heldout_expert = _with_system(
+        _trajectories(workdir / "heldout_expert.jsonl", heldout, n_probe, env.n_workers) if n_probe else [],
+        rollouts.system_prompt(config),
+    )
     tok_path = workdir / "tokenizer.json"
     if config.model.init_from:
         from composer.checkpoints import pretrained_tokenizer
@@ -105,4 +112,4 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
         tokenizer = train_tokenizer(_corpus(trajectories, train[:50]), config.model.vocab_size)
         tokenizer.save(tok_path)
         logging.info("DATA: tokenizer (vocab %d) trained in %.1f s", tokenizer.vocab_size, time.time() - t0)
-    return Data(train, heldout, tokenizer, trajectories)
+    return Data(train, heldout, tokenizer, trajectories, heldout_expert)

@@ -9,16 +9,19 @@ import ml_collections
 from absl import logging
 from tqdm import tqdm
 
-from composer.pipeline import rollouts
+from composer.pipeline import next_call, rollouts
 from env.rollout import iter_groups
 
 
 def evaluate(
-    config: ml_collections.ConfigDict, params, cfg, tokenizer, tasks: list, *, out: Path | None = None
-) -> dict:
+    config: ml_collections.ConfigDict, params, cfg, tokenizer, tasks: list, *, out: Path | None = None,
+    expert: list | None = None,
+) -> dict:  # fmt: skip
     """Runs one episode per task (config.eval.n_tasks of them) and returns episode_stats plus tokens/s.
 
-    With `out`, the result is written there, and read back instead of recomputed when already present.
+    With `expert` (expert trajectories on held-out tasks), the stats also hold the next-call accuracy from
+    their prefixes (composer/pipeline/next_call.py), at the same temperature. With `out`, the result is
+    written there, and read back instead of recomputed when already present.
     """
     if out is not None and out.exists():
         return json.loads(out.read_text())
@@ -41,6 +44,13 @@ def evaluate(
     stats = rollouts.episode_stats(results)
     s = sampler.stats()
     stats.update({k: s[k] for k in ("tokens_per_s", "occupancy", "prefill_share")}, wall_s=time.time() - t0)
+    if expert:
+        stats.update(
+            next_call.next_call_accuracy(
+                sampler, tokenizer, expert, max_turns=config.env.max_turns,
+                max_new_tokens=config.sampling.max_turn_tokens,
+            )
+        )  # fmt: skip
     logging.info("EVAL: %s", json.dumps(stats))
     if out is not None:
         out.write_text(json.dumps(stats, indent=1))

@@ -21,14 +21,22 @@ SUMMARY_ROWS = (
     ("searched/read before editing", "searched_before_edit_share", "{:.1%}"),
     ("truncated episodes", "truncated_share", "{:.1%}"),
     ("tokens/s (sampler)", "tokens_per_s", "{:.0f}"),
+    ("next call right (expert prefix)", "next_call_accuracy", "{:.1%}"),
 )
 
 
 def summary_table(before: dict, after: dict) -> str:
     lines = [f"{'':32} {'SFT':>10} {'SFT+RL':>10}"]
     for title, key, fmt in SUMMARY_ROWS:
+        if key not in before or key not in after:  # next-call accuracy is off with eval.next_call_tasks=0
+            continue
         lines.append(f"{title:32} {fmt.format(before[key]):>10} {fmt.format(after[key]):>10}")
     lines.append(f"{'held-out episodes':32} {before['episodes']:>10} {after['episodes']:>10}")
+    turns = sorted((k for k in before if k.startswith("next_call_turn_")), key=lambda k: int(k[15:]))
+    for title, d in (("SFT", before), ("SFT+RL", after)):
+        if turns:
+            cells = " ".join(f"{k[15:]}:{d[k]:.0%}" if k in d else f"{k[15:]}:-" for k in turns)
+            lines.append(f"next call right by turn, {title}: {cells}")
     return "\n".join(lines)
 
 
@@ -53,7 +61,7 @@ def run_pipeline(config: ml_collections.ConfigDict, workdir: Path, only: str | N
         if only != "rl":
             _phase("EVAL (SFT model)")
             before = evaluate(config, sft_params, cfg, data.tokenizer, data.heldout_tasks,
-                              out=workdir / "eval_sft.json")  # fmt: skip
+                              out=workdir / "eval_sft.json", expert=data.heldout_expert)  # fmt: skip
             writer.write("eval", 0, before)
         _phase("RL")
         rl_params = rl.run(config, workdir, data, writer, sft_params, cfg, data.tokenizer)
@@ -61,8 +69,9 @@ def run_pipeline(config: ml_collections.ConfigDict, workdir: Path, only: str | N
             return None
         _phase("EVAL (RL model)")
         after = evaluate(
-            config, rl_params, cfg, data.tokenizer, data.heldout_tasks, out=workdir / "eval_rl.json"
-        )
+            config, rl_params, cfg, data.tokenizer, data.heldout_tasks, out=workdir / "eval_rl.json",
+            expert=data.heldout_expert,
+        )  # fmt: skip
         writer.write("eval", config.rl.steps, after)
     finally:
         writer.close()
