@@ -45,10 +45,11 @@ def evaluate(
     s = sampler.stats()
     stats.update({k: s[k] for k in ("tokens_per_s", "occupancy", "prefill_share")}, wall_s=time.time() - t0)
     if expert:
+        env, max_new = config.env, config.sampling.max_turn_tokens
         stats.update(
             next_call.next_call_accuracy(
-                sampler, tokenizer, expert, max_turns=config.env.max_turns,
-                max_new_tokens=config.sampling.max_turn_tokens,
+                sampler, tokenizer, expert, max_turns=env.max_turns,
+                max_prompt_tokens=env.max_episode_tokens, max_new_tokens=max_new,
             )
         )  # fmt: skip
     logging.info("EVAL: %s", json.dumps(stats))

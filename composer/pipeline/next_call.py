@@ -39,15 +39,21 @@ def same_calls(got: Sequence[chat.ToolCall | chat.CallError], want: Sequence[cha
 
 def next_call_accuracy(
     sampler, tokenizer: Tokenizer, trajectories: Sequence[list[chat.Message]], *, max_turns: int,
-    max_new_tokens: int,
+    max_prompt_tokens: int, max_new_tokens: int,
 ) -> dict:  # fmt: skip
     """Generates every scored turn with `sampler` (its temperature; 0 is greedy) and returns
     {'next_call_accuracy': share of turns right, 'next_call_turns': turns scored, and per turn k (1-based)
-    'next_call_turn_{k}': the share of k-th turns right}."""
-    cases = prefixes(trajectories, max_turns)
+    'next_call_turn_{k}': the share of k-th turns right}. A prefix longer than `max_prompt_tokens` is not
+    scored: an episode that long has ended, truncated, before that turn."""
+    cases, prompts = [], []
+    for case in prefixes(trajectories, max_turns):
+        prompt = render_prompt(case[1], tokenizer)
+        if len(prompt) <= max_prompt_tokens:
+            cases.append(case)
+            prompts.append(prompt)
     if not cases:
         return {"next_call_accuracy": 0.0, "next_call_turns": 0}
-    outs = sampler.generate([render_prompt(p, tokenizer) for _, p, _ in cases], max_new_tokens)
+    outs = sampler.generate(prompts, max_new_tokens)
     n_turns = max(k for k, _, _ in cases) + 1
     right, count = [0] * n_turns, [0] * n_turns
     for (k, _, want), out in zip(cases, outs, strict=True):

@@ -74,7 +74,9 @@ def test_next_call_accuracy_judges_the_calls_not_the_text():
         _body("Running them.", [TESTS]) + " trailing text after the end is ignored",  # right
     ]
     sampler = _Scripted(tok, texts)
-    out = next_call.next_call_accuracy(sampler, tok, [traj, traj[:4]], max_turns=8, max_new_tokens=64)
+    out = next_call.next_call_accuracy(
+        sampler, tok, [traj, traj[:4]], max_turns=8, max_prompt_tokens=4096, max_new_tokens=64
+    )
     assert out == {
         "next_call_accuracy": 3 / 4,
         "next_call_turns": 4,
@@ -87,6 +89,21 @@ def test_next_call_accuracy_judges_the_calls_not_the_text():
         tk.render_prompt(p, tok).tolist() for _, p, _ in next_call.prefixes([traj, traj[:4]], 8)
     ]
     assert tok.decode(sampler.prompts[1]).endswith("<|im_start|>assistant\n")
-    empty = next_call.next_call_accuracy(sampler, tok, [traj[:2]], max_turns=8, max_new_tokens=64)
+    empty = next_call.next_call_accuracy(
+        sampler, tok, [traj[:2]], max_turns=8, max_prompt_tokens=4096, max_new_tokens=64
+    )
     assert empty == {"next_call_accuracy": 0.0, "next_call_turns": 0}
     json.dumps(out)  # plain numbers: written to eval_*.json and metrics.jsonl as they are
+    # A prefix longer than an episode may be (it would have ended truncated before that turn) is skipped.
+    limit = len(tk.render_prompt(traj[:4], tok))
+    sampler = _Scripted(tok, texts[:2])
+    short = next_call.next_call_accuracy(
+        sampler, tok, [traj], max_turns=8, max_prompt_tokens=limit, max_new_tokens=64
+    )
+    assert short == {
+        "next_call_accuracy": 0.5,
+        "next_call_turns": 2,
+        "next_call_turn_1": 1.0,
+        "next_call_turn_2": 0.0,
+    }
+    assert len(sampler.prompts) == 2
