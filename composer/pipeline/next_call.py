@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from composer import chat
 from composer.tokenizer import Tokenizer, render_prompt
 
+TURN_KEY = "next_call_turn_"  # + the 1-based turn number: the share of those turns right
+
 
 def prefixes(
     trajectories: Sequence[list[chat.Message]], max_turns: int
@@ -60,5 +62,5 @@ def next_call_accuracy(
         got = chat.parse_assistant(tokenizer.decode(out.token_ids)).calls
         right[k] += same_calls(got, want)
         count[k] += 1
-    by_turn = {f"next_call_turn_{k + 1}": r / c for k, (r, c) in enumerate(zip(right, count)) if c}
+    by_turn = {f"{TURN_KEY}{k + 1}": r / c for k, (r, c) in enumerate(zip(right, count)) if c}
     return {"next_call_accuracy": sum(right) / len(cases), "next_call_turns": len(cases), **by_turn}

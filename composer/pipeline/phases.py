@@ -11,6 +11,7 @@ from composer.metrics import MetricsWriter, plot_curves
 from composer.pipeline import data as data_lib
 from composer.pipeline import rl, sft
 from composer.pipeline.evaluate import evaluate
+from composer.pipeline.next_call import TURN_KEY
 
 SUMMARY_ROWS = (
     ("held-out solve rate", "solve_rate", "{:.1%}"),
@@ -32,11 +33,10 @@ def summary_table(before: dict, after: dict) -> str:
             continue
         lines.append(f"{title:32} {fmt.format(before[key]):>10} {fmt.format(after[key]):>10}")
     lines.append(f"{'held-out episodes':32} {before['episodes']:>10} {after['episodes']:>10}")
-    turns = sorted((k for k in before if k.startswith("next_call_turn_")), key=lambda k: int(k[15:]))
-    for title, d in (("SFT", before), ("SFT+RL", after)):
-        if turns:
-            cells = " ".join(f"{k[15:]}:{d[k]:.0%}" if k in d else f"{k[15:]}:-" for k in turns)
-            lines.append(f"next call right by turn, {title}: {cells}")
+    turns = sorted(int(k.removeprefix(TURN_KEY)) for k in before if k.startswith(TURN_KEY))
+    for title, d in (("SFT", before), ("SFT+RL", after)) if turns else ():
+        cells = (f"{t}:{d[TURN_KEY + str(t)]:.0%}" if TURN_KEY + str(t) in d else f"{t}:-" for t in turns)
+        lines.append(f"next call right by turn, {title}: {' '.join(cells)}")
     return "\n".join(lines)
 
 
