@@ -49,7 +49,7 @@ def _solve(task_dir: str) -> tuple[str, float, list[dict]]:
     return traj.family, traj.reward, [chat.message_to_dict(m) for m in traj.messages]
 
 
-def _trajectories(path: Path, tasks: list, n: int, workers: int) -> list[list[chat.Message]]:
+def _trajectories(path: Path, tasks: list, n: int, workers: int, split: str) -> list[list[chat.Message]]:
     if not path.exists():
         chosen = [str(t.path) for t in tasks[:n]]
         tmp = path.with_suffix(".tmp")
@@ -58,14 +58,14 @@ def _trajectories(path: Path, tasks: list, n: int, workers: int) -> list[list[ch
         with (
             concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as ex,
             tmp.open("w") as f,
-            tqdm(total=len(chosen), desc="DATA: expert trajectories", unit="task") as bar,
+            tqdm(total=len(chosen), desc=f"DATA: expert on {split} tasks", unit="task") as bar,
         ):
             for family, reward, messages in ex.map(_solve, chosen):
                 bar.update()
                 if reward == 1.0:
                     solved += 1
                     f.write(json.dumps({"family": family, "messages": messages}) + "\n")
-        logging.info("DATA: the expert solved %d of %d tasks", solved, len(chosen))
+        logging.info("DATA: the expert solved %d of %d %s tasks", solved, len(chosen), split)
         tmp.rename(path)
     lines = path.read_text().splitlines()
     return [[chat.message_from_dict(m) for m in json.loads(x)["messages"]] for x in lines]
@@ -91,13 +91,15 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
         workdir / "tasks" / "heldout", env.n_heldout_tasks, config.seed, env.difficulty, "heldout"
     )
     n = min(config.sft.n_trajectories, len(train))
-    trajectories = _trajectories(workdir / "sft_data.jsonl", train, n, env.n_workers)
+    trajectories = _trajectories(workdir / "sft_data.jsonl", train, n, env.n_workers, "train")
     trajectories = _with_system(trajectories, rollouts.system_prompt(config))
     if not trajectories:
         raise RuntimeError("DATA: the expert solved no task, so there is nothing to learn from")
     n_probe = min(config.eval.next_call_tasks, len(heldout))
     heldout_expert = _with_system(
-        _trajectories(workdir / "heldout_expert.jsonl", heldout, n_probe, env.n_workers) if n_probe else [],
+        _trajectories(workdir / "heldout_expert.jsonl", heldout, n_probe, env.n_workers, "held-out")
+        if n_probe
+        else [],
         rollouts.system_prompt(config),
     )
     tok_path = workdir / "tokenizer.json"
