@@ -139,9 +139,25 @@ def write_etc(directory: Path, uid: int, gid: int) -> str:
     return str(directory)
 
 
-def sandbox_env(home: str, tmp: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The whole environment of a sandboxed command: nothing is inherited from the host."""
-    path = [f"{p}/bin" for p in reversed(python_prefixes())] + ["/usr/local/bin", "/usr/bin", "/bin"]
+def host_python_prefixes() -> list[str]:
+    """Where a command that sees the host's filesystem (levels 'unshare' and 'none') finds Python: each
+    prefix itself where the slot uid can reach it, else its read-only bind under the state directory (a
+    Python under /root, mode 700, is not reachable as the slot uid)."""
+    return [source for source, _ in python_binds()]
+
+
+def sandbox_env(
+    home: str, tmp: str, extra: dict[str, str] | None = None, *, prefixes: list[str] | None = None
+) -> dict[str, str]:
+    """The whole environment of a sandboxed command: nothing is inherited from the host.
+
+    prefixes: the Python installations as the command sees them (default: at their own paths, where bwrap
+    binds them). One seen elsewhere also gets its lib/ on LD_LIBRARY_PATH: an interpreter built with a
+    shared libpython finds it through a RUNPATH that names the original path.
+    """
+    own = python_prefixes()
+    prefixes = own if prefixes is None else prefixes
+    path = [f"{p}/bin" for p in reversed(prefixes)] + ["/usr/local/bin", "/usr/bin", "/bin"]
     env = {
         "PATH": ":".join(path),
         "HOME": home,
@@ -156,6 +172,9 @@ def sandbox_env(home: str, tmp: str, extra: dict[str, str] | None = None) -> dic
         "PAGER": "cat",
         "GIT_PAGER": "cat",
     }
+    moved = [f"{p}/lib" for p in prefixes if p not in own]
+    if moved:
+        env["LD_LIBRARY_PATH"] = ":".join(moved)
     env.update(extra or {})
     return env
 

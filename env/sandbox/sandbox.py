@@ -218,7 +218,9 @@ class Sandbox:
             # bwrap clears the environment inside; its own (seen at /proc/1/environ) is the same minimal one.
             host_cwd = "/"
         else:
-            inside_env = iso.sandbox_env(home=self.tmp, tmp=self.tmp, extra=env)
+            inside_env = iso.sandbox_env(
+                home=self.tmp, tmp=self.tmp, extra=env, prefixes=iso.host_python_prefixes()
+            )
             argv = (iso.unshare_argv() if self.isolation == "unshare" else []) + command
             host_cwd = cwd if os.path.isdir(cwd) else str(self.workspace)
         slot = self._res.slot

@@ -290,6 +290,10 @@ def test_fallback_levels_run_commands(workspace, level):
         start = time.monotonic()
         assert sb.run("sleep 30", timeout=0.5).timed_out
         assert time.monotonic() - start < 1.5
+        # The tasks' tests run with `python -m pytest`: the interpreter must start as the slot uid even
+        # where it is installed under a directory only root may enter.
+        python = sb.run("python -c 'import pytest, sys; print(sys.version_info[0])'")
+        assert (python.exit_code, python.output) == (0, "3\n")
         if level == "unshare":
             assert sb.run("tail -n +3 /proc/net/dev | wc -l").output.strip() == "1"  # loopback only
         if is_root():
