@@ -7,6 +7,9 @@ A layer is pre-norm: x += Attn(RMSNorm(x)); x += FFN(RMSNorm(x)), with FFN a den
 cfg.n_dense_layers layers and the MoE layer (composer/moe.py) in the rest. Each kind of layer is one stack
 of weights with a leading layer axis, run with lax.scan, so compile time does not grow with depth.
 
+With cfg.copy_head_dim > 0 the "logits" are the log-probs of the copy head's mixture (composer/copy_head.py):
+the vocabulary softmax mixed with a pointer that copies a token out of the context.
+
 Positions: a token with position < 0 is padding (attends nothing useful, is never attended to, takes no
 expert capacity, is excluded from the aux losses, is not written to the cache). A row's real tokens are a
 contiguous prefix of the row. Without a cache, each row's real tokens sit at positions 0, 1, ...; with a
@@ -19,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from composer import attention, kv_cache, layers, moe, params
+from composer import attention, copy_head, kv_cache, layers, moe, params
 from composer.kv_cache import KVCache
 from composer.model_config import ModelConfig
 
@@ -113,6 +116,11 @@ def forward(
     x_btd = layers.rms_norm(x_btd, params["final_norm"], cfg.rms_eps)
     w_dv = params["embed"].T if cfg.tie_embeddings else params["unembed"]
     logits_btv = jnp.einsum("btd,dv->btv", x_btd, w_dv.astype(dtype), preferred_element_type=jnp.float32)
+    if cfg.copy_head_dim > 0:
+        if cache is not None:
+            # The sampler (composer/sampler_device.py) keeps the head's keys and tokens in its own cache.
+            raise ValueError("model.forward runs the copy head without a cache only")
+        logits_btv = copy_head.mix_uncached(params["copy"], x_btd, logits_btv, tokens_bt, positions_bt)
     if cfg.value_head:
         head = params["value_head"]
         values = jnp.einsum("btd,d->bt", x_btd, head["w"].astype(dtype), preferred_element_type=jnp.float32)

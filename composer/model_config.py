@@ -40,6 +40,9 @@ class ModelConfig:
     rope_theta: float = 10_000.0
     rms_eps: float = 1e-6
     tie_embeddings: bool = False
+    # A copy head of this width (0: none): the next token is a mixture of the vocabulary softmax and a
+    # pointer over the context that copies the token after the position it points at (composer/copy_head.py).
+    copy_head_dim: int = 0
     n_dense_layers: int = 0  # the first n layers use a dense SwiGLU of width d_ff_dense
     d_ff_dense: int = 128
     max_seq_len: int = 256

@@ -116,6 +116,14 @@ def declarations(cfg: ModelConfig) -> dict:
     }
     if not cfg.tie_embeddings:
         decls["unembed"] = ParamDecl((d, v), ("embed", "vocab"), normal(d**-0.5))
+    if cfg.copy_head_dim > 0:
+        c = cfg.copy_head_dim
+        decls["copy"] = {
+            "w_q": ParamDecl((d, c), ("embed", None), normal(d**-0.5)),
+            "w_k": ParamDecl((d, c), ("embed", None), normal(d**-0.5)),
+            "w_gate": ParamDecl((d,), ("embed",), zeros),
+            "b_gate": ParamDecl((), (), zeros),
+        }
     if cfg.value_head:
         # Zero init: every value starts at 0, the critic learns from the first returns.
         decls["value_head"] = {"w": ParamDecl((d,), ("embed",), zeros), "b": ParamDecl((), (), zeros)}

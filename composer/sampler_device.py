@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from composer import attention, kv_cache, layers, moe, sampling
+from composer import attention, copy_head, kv_cache, layers, moe, sampling
 from composer.kv_cache import KVCache
 from composer.model_config import ModelConfig
 
@@ -56,18 +56,51 @@ def unstack_layers(params: dict) -> dict:
 
 
 class LayerCaches(NamedTuple):
-    """The KV cache as one buffer per layer: k[i], v[i]: [1, b, s, g, h] (layer i), lengths: [b] int32."""
+    """The KV cache as one buffer per layer: k[i], v[i]: [1, b, s, g, h] (layer i), lengths: [b] int32.
+
+    extra: with a copy head (composer/copy_head.py), its keys [1, b, s, 1, c] float32 and the token at each
+    position [1, b, s, 1, 1] int32; () without one. Indexed by position like k and v.
+    """
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
     lengths: jax.Array
+    extra: tuple[jax.Array, ...] = ()
+
+    def map(self, fn, lengths: jax.Array | None = None) -> "LayerCaches":
+        """Every buffer (k, v and extra) through fn; lengths replaced when given."""
+        return LayerCaches(
+            k=tuple(fn(x) for x in self.k),
+            v=tuple(fn(x) for x in self.v),
+            lengths=self.lengths if lengths is None else lengths,
+            extra=tuple(fn(x) for x in self.extra),
+        )
+
+    def buffers(self) -> tuple[jax.Array, ...]:
+        return (*self.k, *self.v, *self.extra)
 
 
 def init_layer_caches(cfg: ModelConfig, batch: int, max_len: int) -> LayerCaches:
     """An empty per-layer cache for `batch` rows of up to `max_len` tokens."""
     shape = (1, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
     k, v = ([jnp.zeros(shape, cfg.compute_jnp_dtype) for _ in range(cfg.n_layers)] for _ in range(2))
-    return LayerCaches(k=tuple(k), v=tuple(v), lengths=jnp.zeros((batch,), jnp.int32))
+    extra = ()
+    if cfg.copy_head_dim > 0:
+        extra = (
+            jnp.zeros((1, batch, max_len, 1, cfg.copy_head_dim), jnp.float32),
+            jnp.zeros((1, batch, max_len, 1, 1), jnp.int32),
+        )
+    return LayerCaches(k=tuple(k), v=tuple(v), lengths=jnp.zeros((batch,), jnp.int32), extra=extra)
+
+
+def _zip_buffers(fn, a: LayerCaches, b: LayerCaches, lengths: jax.Array) -> LayerCaches:
+    """fn(buffer of a, same buffer of b) for every buffer; lengths as given."""
+    return LayerCaches(
+        k=tuple(fn(x, y) for x, y in zip(a.k, b.k, strict=True)),
+        v=tuple(fn(x, y) for x, y in zip(a.v, b.v, strict=True)),
+        lengths=lengths,
+        extra=tuple(fn(x, y) for x, y in zip(a.extra, b.extra, strict=True)),
+    )
 
 
 def moe_dropless(
@@ -130,12 +163,33 @@ def forward_unstacked(
         x_btd = x_btd + y_btd
         k_out.append(one.k)
         v_out.append(one.v)
-    if logits_at_b is not None:
-        x_btd = jnp.take_along_axis(x_btd, logits_at_b[:, None, None], axis=1)
-    x_btd = layers.rms_norm(x_btd, params_u["final_norm"], cfg.rms_eps)
+    extra = cache.extra
+    if cfg.copy_head_dim > 0:
+        # The copy head needs every new position's key (and token) in its cache, not only the logits'.
+        x_btd = layers.rms_norm(x_btd, params_u["final_norm"], cfg.rms_eps)
+        q_btc, k_btc, z_bt = copy_head.project(params_u["copy"], x_btd)
+        k_buf, keys_bsgc = kv_cache.write_layer(extra[0], jnp.int32(0), k_btc[:, :, None, :], plan)
+        t_buf, toks_bsgc = kv_cache.write_layer(extra[1], jnp.int32(0), tokens_bt[:, :, None, None], plan)
+        extra = (k_buf, t_buf)
+        query_positions_bt = positions_bt
+        if logits_at_b is not None:
+            at = logits_at_b[:, None]
+            x_btd = jnp.take_along_axis(x_btd, at[..., None], axis=1)
+            q_btc = jnp.take_along_axis(q_btc, at[..., None], axis=1)
+            z_bt = jnp.take_along_axis(z_bt, at, axis=1)
+            query_positions_bt = jnp.take_along_axis(positions_bt, at, axis=1)
+    else:
+        if logits_at_b is not None:
+            x_btd = jnp.take_along_axis(x_btd, logits_at_b[:, None, None], axis=1)
+        x_btd = layers.rms_norm(x_btd, params_u["final_norm"], cfg.rms_eps)
     w_dv = params_u["embed"].T if cfg.tie_embeddings else params_u["unembed"]
     logits_btv = jnp.einsum("btd,dv->btv", x_btd, w_dv.astype(dtype), preferred_element_type=jnp.float32)
-    return logits_btv, LayerCaches(tuple(k_out), tuple(v_out), plan.lengths_b), redone
+    if cfg.copy_head_dim > 0:
+        toks_bs = toks_bsgc[:, :, 0, 0]
+        next_bs = jnp.concatenate([toks_bs[:, 1:], toks_bs[:, -1:]], axis=1)
+        ok_bts = copy_head.cached_ok(query_positions_bt, toks_bs.shape[1])
+        logits_btv = copy_head.mix(logits_btv, q_btc, z_bt, keys_bsgc[:, :, 0, :], next_bs, ok_bts)
+    return logits_btv, LayerCaches(tuple(k_out), tuple(v_out), plan.lengths_b, extra), redone
 
 
 class SlotState(NamedTuple):
@@ -190,9 +244,12 @@ def _write_rows(
     slot's length set to lengths_r[i]: a scatter along the batch axis into the donated buffers, where an
     out-of-range slot (a padding row) is dropped."""
     w = rows.k[0].shape[2]
-    k = tuple(big.at[:, slots_r, :w].set(new, mode="drop") for big, new in zip(cache.k, rows.k))
-    v = tuple(big.at[:, slots_r, :w].set(new, mode="drop") for big, new in zip(cache.v, rows.v))
-    return LayerCaches(k=k, v=v, lengths=cache.lengths.at[slots_r].set(lengths_r, mode="drop"))
+    return _zip_buffers(
+        lambda big, new: big.at[:, slots_r, :w].set(new, mode="drop"),
+        cache,
+        rows,
+        cache.lengths.at[slots_r].set(lengths_r, mode="drop"),
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "temperature", "top_p"), donate_argnames=("cache",))
@@ -246,11 +303,7 @@ def extend(
     other causally. Padding rows (slot index >= the cache's batch, length 0) are computed, not written.
     Returns as prefill: (cache, next tokens [r], their log-probs [r], MoE layers that ran a second pass).
     """
-    rows = LayerCaches(
-        k=tuple(jnp.take(k, slots_r, axis=1, mode="clip") for k in cache.k),
-        v=tuple(jnp.take(v, slots_r, axis=1, mode="clip") for v in cache.v),
-        lengths=offsets_r,
-    )
+    rows = cache.map(lambda x: jnp.take(x, slots_r, axis=1, mode="clip"), lengths=offsets_r)
     rows, tokens_r, logprobs_r, redone = _run_rows(
         params, rows, tokens_rt, offsets_r, lengths_r, seeds_r, base_key, cfg, temperature, top_p
     )
@@ -285,11 +338,7 @@ def decode(
     b = state.token_b.shape[0]
     full = cache.k[0].shape[2]
     if window < full:
-        work = LayerCaches(
-            k=tuple(k[:, :, :window] for k in cache.k),
-            v=tuple(v[:, :, :window] for v in cache.v),
-            lengths=cache.lengths,
-        )
+        work = cache.map(lambda x: x[:, :, :window])
     else:
         work = cache
     out0 = (
@@ -329,9 +378,7 @@ def decode(
     steps, state, work, outs = jax.lax.while_loop(cond, body, (jnp.int32(0), state, work, out0))
     if window < full:
         origin = (0, 0, 0, 0, 0)
-        work = LayerCaches(
-            k=tuple(jax.lax.dynamic_update_slice(k, w, origin) for k, w in zip(cache.k, work.k)),
-            v=tuple(jax.lax.dynamic_update_slice(v, w, origin) for v, w in zip(cache.v, work.v)),
-            lengths=work.lengths,
+        work = _zip_buffers(
+            lambda big, w: jax.lax.dynamic_update_slice(big, w, origin), cache, work, work.lengths
         )
     return work, state, DecodeOut(*outs, steps=steps)

@@ -79,8 +79,16 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     if vocab_size < n_min:
         raise ValueError(f"vocab_size {vocab_size} is below {n_min} (256 bytes + special tokens)")
     backend = hf.Tokenizer(hf.models.BPE())
-    # add_prefix_space=False and no normaliser: the ids decode back to the exact input bytes.
-    backend.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # add_prefix_space=False and no normaliser: the ids decode back to the exact input bytes. Digits are
+    # split off one by one first (as Qwen's and LLaMA's tokenizers do), so a number is the same ids
+    # wherever it stands: line 24 of a grep result (`:24:`) and `"offset": 24` in a call share '2' '4',
+    # where the byte-level regex alone gives '24' and ' 24', and the model could not copy one to the other.
+    backend.pre_tokenizer = hf.pre_tokenizers.Sequence(
+        [
+            hf.pre_tokenizers.Split(hf.Regex(r"\p{N}"), behavior="isolated"),
+            hf.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     backend.decoder = hf.decoders.ByteLevel()
     special = [hf.AddedToken(t, special=True, normalized=False) for t in chat.SPECIAL_TOKENS]
     trainer = hf.trainers.BpeTrainer(

@@ -112,7 +112,6 @@ class _Expert:
     def run(self) -> None:
         meta = self.task.metadata
         bug = meta["bug"]
-        package = meta["package"]
         chain = bug["chain"]
         shown_file, shown_test = meta["shown_test"].split("::")
 
@@ -128,7 +127,9 @@ class _Expert:
             [_terminal(TEST_COMMAND)],
         )
 
-        # 2. SEARCH for the entry point the report calls.
+        # 2. SEARCH for the entry point the report calls, over the whole workspace: only the definition
+        # matches anyway, and the call then names nothing the report does not (the package name is
+        # tokenized differently after a space than at the start of a path).
         entry = chain[0]
         pattern = _definition_pattern(entry["function"])
         shown = _display(entry["function"])
@@ -145,7 +146,7 @@ class _Expert:
             )
         found = self.turn(
             self.say(options, f=shown),
-            [ToolCall("grep", {"pattern": pattern, "path": package})],
+            [ToolCall("grep", {"pattern": pattern})],
         )
         entry_line = _grep_line(found[0].text, entry["file"])
 
@@ -179,7 +180,7 @@ class _Expert:
                     p=_display(previous["function"]),
                     n=name,
                 ),
-                [ToolCall("grep", {"pattern": _definition_pattern(step["function"]), "path": package})],
+                [ToolCall("grep", {"pattern": _definition_pattern(step["function"])})],
             )
             line = _grep_line(found[0].text, step["file"])
             span = _span(self.ctx.workspace / step["file"], step["function"], line)

@@ -65,6 +65,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.model.rope_theta = 10_000.0
     c.model.rms_eps = 1e-6
     c.model.tie_embeddings = False
+    # A copy head (composer/copy_head.py): a pointer over the context mixed into the next-token
+    # distribution. Calls copy names, paths, line numbers and lines of code out of the report and tool
+    # results; a model this small, trained this briefly, does not learn to copy through attention alone.
+    c.model.copy_head_dim = 64
     c.model.n_dense_layers = 0  # the first n layers use a dense SwiGLU MLP instead of experts
     c.model.d_ff_dense = 512
     c.model.max_seq_len = 2048  # longest sequence trained on (longer ones are cut)
@@ -198,6 +202,7 @@ def _tiny(c: ConfigDict) -> None:
     c.model.head_dim = 16
     c.model.d_ff_dense = 128
     c.model.max_seq_len = 2048
+    c.model.copy_head_dim = 16
     c.moe.n_experts = 4
     c.moe.top_k = 2
     c.moe.d_ff = 64
@@ -238,6 +243,7 @@ def _gpu(c: ConfigDict) -> None:
     c.model.compute_dtype = "bfloat16"
     c.model.rope_theta = 1_000_000.0
     c.model.qk_norm = "head"
+    c.model.copy_head_dim = 0  # a Qwen3-MoE checkpoint has no copy head (export and init_from stay exact)
     c.moe.n_experts = 64
     c.moe.top_k = 8
     c.moe.d_ff = 768

@@ -220,6 +220,8 @@ def hf_config_from_model_config(cfg: ModelConfig, model_type: str, base: dict | 
         raise UnsupportedConfig(
             f"{model_type} has qk_norm {QK_NORM[model_type]!r}, the model has {cfg.qk_norm!r}"
         )
+    if cfg.copy_head_dim:
+        raise UnsupportedConfig(f"{model_type} has no copy head (copy_head_dim={cfg.copy_head_dim})")
     if cfg.shared_expert_d_ff:
         raise UnsupportedConfig(
             f"{model_type} has no shared expert (shared_expert_d_ff={cfg.shared_expert_d_ff})"

@@ -256,3 +256,39 @@ def test_new_params_forget_remembered_prefixes():
     sampler.update_params(PARAMS, 1)
     sampler.generate([prompt + first.token_ids + [3]], 5, request_ids=["ep@1"])
     assert sampler.stats()["extend_calls"] == 0
+
+
+# The copy head (composer/copy_head.py) keeps its own keys and tokens in the sampler's cache. Its gate is
+# opened (b_gate 2: 88% copy) so that a mistake in that cache shows in the log-probs.
+COPY_CFG = dataclasses.replace(CFG, copy_head_dim=8)
+COPY_PARAMS = model.init(jax.random.key(3), COPY_CFG)
+COPY_PARAMS["copy"]["b_gate"] = jnp.asarray(2.0, jnp.float32)
+
+
+def test_copy_head_logprobs_equal_forward_through_prefill_decode_and_extend():
+    base = _prompts([5, 7], seed=8)
+    prompts = [base[0] * 3, base[1] * 2 + base[0]]  # repeats: something worth copying
+    sampler = _sampler(COPY_PARAMS, COPY_CFG)
+    firsts = sampler.generate(prompts, 9, request_ids=["a@0", "b@0"])
+    for prompt, out in zip(prompts, firsts):
+        _assert_logprobs_match(COPY_PARAMS, COPY_CFG, prompt, out)
+    stream = prompts[0] + firsts[0].token_ids + _prompts([6], seed=9)[0]
+    second = sampler.generate([stream], 9, request_ids=["a@1"])[0]
+    assert sampler.stats()["extend_calls"] == 1
+    _assert_logprobs_match(COPY_PARAMS, COPY_CFG, stream, second)
+    # Not vacuous: without the head the same tokens are far less likely.
+    no_copy = {k: v for k, v in COPY_PARAMS.items() if k != "copy"}
+    plain = _forward_logp(no_copy, dataclasses.replace(COPY_CFG, copy_head_dim=0), stream, second.token_ids)
+    plain = plain[np.arange(len(second.token_ids)), second.token_ids]
+    assert np.abs(plain - np.asarray(second.logprobs)).max() > 0.1
+
+
+def test_copy_head_continuous_batching_equals_one_at_a_time():
+    prompts = [p * 2 for p in _prompts([5, 9, 4], seed=10)]
+    ids = [f"c{i}@0" for i in range(3)]
+    sampler = _sampler(COPY_PARAMS, COPY_CFG)
+    outs = {o.request_id: o for o in sampler.generate(prompts, 7, request_ids=ids)}
+    for rid, prompt in zip(ids, prompts):
+        alone = _sampler(COPY_PARAMS, COPY_CFG).generate([prompt], 7, request_ids=[rid])[0]
+        assert outs[rid].token_ids == alone.token_ids
+        np.testing.assert_allclose(outs[rid].logprobs, alone.logprobs, atol=1e-5)

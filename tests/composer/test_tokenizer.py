@@ -34,8 +34,10 @@ def _corpus(n: int = 200) -> list[str]:
     texts = []
     for i in range(n):
         name = rng.choice(["mean", "total", "count_items", "parse_line"])
-        texts.append(SOURCE.replace("mean", name).replace("Stack", f"Stack{i}"))
-        call = ToolCall("read_file", {"target_file": f"pkg/mod_{i}.py"})
+        # Made-up words, so that the corpus has merges to learn (digits are never merged).
+        word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 8)))
+        texts.append(SOURCE.replace("mean", name).replace("Stack", f"Stack{word.title()}{i}"))
+        call = ToolCall("read_file", {"target_file": f"pkg/{word}_{i}.py"})
         conv = [
             Message("user", f"Fix bug {i}"),
             Message("assistant", "Reading.", [call]),
@@ -260,3 +262,12 @@ def test_render_prompt_extends_the_conversation(tok):
     assert prompt[: len(ids)].tolist() == ids.tolist() and not mask.any()
     assert tok.decode(prompt[len(ids) :]) == "<|im_start|>assistant\n"
     assert prompt[len(ids)] == tok.im_start_id
+
+
+def test_a_number_is_the_same_ids_wherever_it_stands(tok):
+    # Line 24 in a grep result and in a read_file call: the model copies one into the other.
+    digits = tok.encode("24")
+    assert len(digits) == 2
+    for text in ("src/stats.py:24:def mean(xs):", '{"offset": 24, "limit": 5}', "    24|def mean", "x=124"):
+        ids = tok.encode(text)
+        assert any(ids[i : i + 2] == digits for i in range(len(ids) - 1)), text

@@ -153,4 +153,7 @@ def test_export_refuses_what_the_type_cannot_hold(tmp_path):
     cfg = ModelConfig(shared_expert_d_ff=32)
     with pytest.raises(hf_config.UnsupportedConfig, match="shared"):
         export_checkpoint(model.init(jax.random.key(0), cfg), cfg, tmp_path, "qwen3_moe")
+    cfg = ModelConfig(copy_head_dim=8)
+    with pytest.raises(hf_config.UnsupportedConfig, match="copy head"):
+        export_checkpoint(model.init(jax.random.key(0), cfg), cfg, tmp_path, "qwen3_moe")
     assert not list(tmp_path.iterdir())

@@ -1,0 +1,88 @@
+"""The copy head: a pointer over the context, mixed into the next-token distribution.
+
+With h_t the final (normed) hidden state at position t and x the tokens,
+
+    a_ts      = softmax_s(q_t . k_s / sqrt(c)),   q = h W_q, k = h W_k, over earlier positions s < t
+    copy_t(v) = sum_s a_ts [x_{s+1} = v]          (point at s, copy the token that followed it)
+    g_t       = sigmoid(h_t . w_g + b_g)
+    p_t(v)    = (1 - g_t) softmax(logits_t)(v) + g_t copy_t(v)
+
+and the model's "logits" become log p_t (their softmax is p_t, so every consumer of logits, the losses,
+the learner's log-probs and the sampler, works unchanged). Pointing at s and copying x_{s+1} is an
+induction head whose copy step is built in: the head only learns where to point (q_t matches k_s when
+the context at s is like the context at t), and the copied token is exact however rare it is. Small
+models trained briefly from scratch learn to copy names, paths and lines of code out of tool results
+this way far sooner than through attention layers alone.
+
+At t = 0 (no earlier position) the gate is closed and p_t is the vocabulary softmax.
+"""
+
+import jax
+import jax.numpy as jnp
+
+# Gate pre-activation where the pointer has nowhere to point: sigmoid(-30) ~ 1e-13.
+_CLOSED = -30.0
+
+
+def project(p: dict, x_btd: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(queries [b, t, c], keys [b, t, c], gate pre-activations [b, t]), float32, from final hidden states."""
+    x = x_btd.astype(jnp.float32)
+    q = x @ p["w_q"].astype(jnp.float32)
+    k = x @ p["w_k"].astype(jnp.float32)
+    z = x @ p["w_gate"].astype(jnp.float32) + p["b_gate"].astype(jnp.float32)
+    return q, k, z
+
+
+def mix(
+    logits_btv: jax.Array,
+    q_btc: jax.Array,
+    z_bt: jax.Array,
+    k_bsc: jax.Array,
+    next_bs: jax.Array,
+    ok_bts: jax.Array,
+) -> jax.Array:
+    """log p [b, t, v] float32 (module docstring).
+
+    k_bsc: keys of the positions the pointer may choose from; next_bs: the token that followed each of
+    them; ok_bts: whether query t may point at s (s earlier than t, both real tokens).
+    """
+    b, t, v = logits_btv.shape
+    c = q_btc.shape[-1]
+    scores = jnp.einsum("btc,bsc->bts", q_btc, k_bsc) / jnp.sqrt(jnp.float32(c))
+    any_ok = jnp.any(ok_bts, axis=-1)
+    # Rows with no allowed position get a uniform softmax (then zeroed) instead of NaN from all -inf.
+    a = jax.nn.softmax(jnp.where(ok_bts, scores, jnp.where(any_ok[..., None], -jnp.inf, 0.0)), axis=-1)
+    a = jnp.where(ok_bts, a, 0.0)
+    next_bs = jnp.clip(next_bs, 0, v - 1)
+    b_idx = jnp.arange(b)[:, None, None]
+    t_idx = jnp.arange(t)[None, :, None]
+    copy = jnp.zeros((b, t, v), jnp.float32).at[b_idx, t_idx, next_bs[:, None, :]].add(a)
+    z_bt = jnp.where(any_ok, z_bt, _CLOSED)
+    has = copy > 0
+    logp_copy = jnp.where(has, jnp.log(jnp.where(has, copy, 1.0)), -jnp.inf)
+    logp_vocab = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
+    return jnp.logaddexp(
+        jax.nn.log_sigmoid(-z_bt)[..., None] + logp_vocab, jax.nn.log_sigmoid(z_bt)[..., None] + logp_copy
+    )
+
+
+def mix_uncached(
+    p: dict, x_btd: jax.Array, logits_btv: jax.Array, tokens_bt: jax.Array, positions_bt: jax.Array
+) -> jax.Array:
+    """The copy head over this call's own tokens (no cache: each row's real tokens at positions 0, 1, ...)."""
+    q, k, z = project(p, x_btd)
+    t = tokens_bt.shape[1]
+    valid_bt = positions_bt >= 0
+    # Source s needs a known successor: s + 1 is a real token of the row, and s + 1 <= the query's index.
+    succ_bs = jnp.concatenate([valid_bt[:, 1:], jnp.zeros_like(valid_bt[:, :1])], axis=1)
+    idx = jnp.arange(t)
+    ok = (idx[None, :] < idx[:, None])[None] & succ_bs[:, None, :] & valid_bt[:, :, None]
+    next_bs = jnp.concatenate([tokens_bt[:, 1:], tokens_bt[:, -1:]], axis=1)
+    return mix(logits_btv, q, z, k, next_bs, ok)
+
+
+def cached_ok(positions_bt: jax.Array, n_cache: int) -> jax.Array:
+    """ok [b, t, s] for queries at positions_bt over a cache indexed by position: s < the query's position
+    (the successor s + 1 <= that position is then in the cache). Padding queries (position < 0) get none."""
+    s = jnp.arange(n_cache)
+    return s[None, None, :] < positions_bt[:, :, None]

@@ -1,0 +1,87 @@
+"""The copy head against a numpy loop over its equations, and what it is for: copying a token after a
+matching context, a token the vocabulary softmax has no reason to prefer."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from composer import copy_head, model
+from composer.model_config import ModelConfig
+
+
+def _reference(p, x_btd, logits_btv, tokens_bt, lengths_b):
+    """log p_t(v) by loops over rows, queries and sources (copy_head module docstring)."""
+    p = {k: np.asarray(v, np.float64) for k, v in p.items()}
+    x = np.asarray(x_btd, np.float64)
+    logits = np.asarray(logits_btv, np.float64)
+    b, t, v = logits.shape
+    c = p["w_q"].shape[1]
+    out = np.full((b, t, v), np.nan)
+    for i in range(b):
+        for q in range(lengths_b[i]):
+            vocab = np.exp(logits[i, q] - logits[i, q].max())
+            vocab /= vocab.sum()
+            sources = list(range(q))  # s < q: its successor s + 1 <= q is a real token
+            g = 1 / (1 + np.exp(-(x[i, q] @ p["w_gate"] + p["b_gate"]))) if sources else 0.0
+            copy = np.zeros(v)
+            if sources:
+                scores = np.array([(x[i, q] @ p["w_q"]) @ (x[i, s] @ p["w_k"]) / np.sqrt(c) for s in sources])
+                a = np.exp(scores - scores.max())
+                a /= a.sum()
+                for s, w in zip(sources, a):
+                    copy[tokens_bt[i, s + 1]] += w
+            with np.errstate(divide="ignore"):
+                out[i, q] = np.log((1 - g) * vocab + g * copy)
+    return out
+
+
+def test_mix_matches_the_equations():
+    b, t, d, c, v = 3, 7, 8, 4, 11
+    keys = jax.random.split(jax.random.key(0), 6)
+    p = {
+        "w_q": jax.random.normal(keys[0], (d, c)),
+        "w_k": jax.random.normal(keys[1], (d, c)),
+        "w_gate": jax.random.normal(keys[2], (d,)),
+        "b_gate": jnp.asarray(0.3),
+    }
+    x = jax.random.normal(keys[3], (b, t, d))
+    logits = jax.random.normal(keys[4], (b, t, v))
+    tokens = np.asarray(jax.random.randint(keys[5], (b, t), 0, v))
+    lengths = np.array([7, 4, 1])
+    positions = np.where(np.arange(t)[None] < lengths[:, None], np.arange(t)[None], -1)
+    got = np.asarray(copy_head.mix_uncached(p, x, logits, jnp.asarray(tokens), jnp.asarray(positions)))
+    want = _reference(p, x, logits, tokens, lengths)
+    for i, n in enumerate(lengths):
+        np.testing.assert_allclose(got[i, :n], want[i, :n], atol=1e-5)
+    assert np.isfinite(got[:, 0]).all()  # t = 0: nothing to copy, the vocabulary alone
+
+
+def test_model_forward_rejects_a_cache_with_the_copy_head():
+    cfg = ModelConfig(copy_head_dim=4)
+    params = model.init(jax.random.key(0), cfg)
+    cache = model.kv_cache.init_cache(cfg, 1, 8)
+    with pytest.raises(ValueError, match="copy head"):
+        model.forward(params, jnp.zeros((1, 2), jnp.int32), jnp.arange(2)[None], cfg, cache)
+
+
+def test_a_pointer_at_a_matching_context_copies_the_token_after_it():
+    # Keys and queries from the token embedding only (one zero-layer model): q_t . k_s is large when
+    # x_s == x_t, so after [..., A, B, ..., A] the head points at the earlier A and copies B, a token the
+    # vocabulary softmax (a zero unembedding: uniform) gives 1 / v.
+    cfg = dataclasses.replace(ModelConfig(vocab_size=64, d_model=64, copy_head_dim=64), n_layers=0)
+    params = model.init(jax.random.key(0), cfg)
+    params["embed"] = jnp.eye(64) * 8.0
+    params["unembed"] = jnp.zeros_like(params["unembed"])
+    params["copy"] = {
+        "w_q": jnp.eye(64) * 8.0,
+        "w_k": jnp.eye(64) * 8.0,
+        "w_gate": jnp.zeros(64),
+        "b_gate": jnp.asarray(6.0),
+    }
+    tokens = jnp.array([[5, 17, 9, 3, 22, 5]])
+    logp = model.forward(params, tokens, jnp.arange(6)[None], cfg)[0][0, -1]
+    assert int(jnp.argmax(logp)) == 17
+    assert float(jnp.exp(logp[17])) > 0.9
