@@ -76,9 +76,6 @@ class LayerCaches(NamedTuple):
             extra=tuple(fn(x) for x in self.extra),
         )
 
-    def buffers(self) -> tuple[jax.Array, ...]:
-        return (*self.k, *self.v, *self.extra)
-
 
 def init_layer_caches(cfg: ModelConfig, batch: int, max_len: int) -> LayerCaches:
     """An empty per-layer cache for `batch` rows of up to `max_len` tokens."""
