@@ -7,7 +7,18 @@ With h_t the final (normed) hidden state at position t and x the tokens,
     g_t       = sigmoid(h_t . w_g + b_g)
     p_t(v)    = (1 - g_t) softmax(logits_t)(v) + g_t copy_t(v)
 
-and the model's "logits" become log p_t (their softmax is p_t, so every consumer of logits, the losses,
+With `copy_head_ngram` = n > 0 the pointer also gets an exact-match bonus: m_t = softplus(h_t W_m + b_m)
+(n weights per query) and
+
+    scores_ts += sum_{j=1..n} m_tj [x_{s-i} = x_{t-i} for i = 0..j-1]
+
+so a source whose last j tokens equal the query's last j tokens gains m_t1 + ... + m_tj. That is the
+matching half of an induction head, built in: once a copy has started, the longest match continues it
+(the learned q . k alone, matching on one token's hidden state, loops back to another occurrence of the
+token just copied, e.g. "0.621, 0.621, 0.621"), and W_m lets the query turn the bonus down where a copy
+starts and the last tokens say nothing about where to point.
+
+The model's "logits" become log p_t (their softmax is p_t, so every consumer of logits, the losses,
 the learner's log-probs and the sampler, works unchanged). Pointing at s and copying x_{s+1} is an
 induction head whose copy step is built in: the head only learns where to point (q_t matches k_s when
 the context at s is like the context at t), and the copied token is exact however rare it is. Small
@@ -24,13 +35,35 @@ import jax.numpy as jnp
 _CLOSED = -30.0
 
 
-def project(p: dict, x_btd: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(queries [b, t, c], keys [b, t, c], gate pre-activations [b, t]), float32, from final hidden states."""
+def project(p: dict, x_btd: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+    """(queries [b, t, c], keys [b, t, c], gate pre-activations [b, t], match weights [b, t, n] or None
+    without the n-gram bonus), float32, from final hidden states."""
     x = x_btd.astype(jnp.float32)
     q = x @ p["w_q"].astype(jnp.float32)
     k = x @ p["w_k"].astype(jnp.float32)
     z = x @ p["w_gate"].astype(jnp.float32) + p["b_gate"].astype(jnp.float32)
-    return q, k, z
+    m = None
+    if "w_match" in p:
+        m = jax.nn.softplus(x @ p["w_match"].astype(jnp.float32) + p["b_match"].astype(jnp.float32))
+    return q, k, z, m
+
+
+def match_bonus(m_btn: jax.Array, toks_bs: jax.Array, query_pos_bt: jax.Array) -> jax.Array:
+    """The n-gram bonus [b, t, s] (module docstring). toks_bs: the token at each position s (the query's
+    own and earlier ones included); query_pos_bt: each query's position in it (< 0: padding, no match)."""
+    s = toks_bs.shape[1]
+    run = jnp.ones((), bool)
+    bonus = jnp.zeros((), jnp.float32)
+    for j in range(m_btn.shape[-1]):
+        # x_{s-j} for every source s, and x_{t-j} for every query t; positions before 0 hold distinct
+        # fillers, so they match nothing.
+        key_tok = jnp.pad(toks_bs, ((0, 0), (j, 0)), constant_values=-2)[:, :s]
+        qp = query_pos_bt - j
+        q_tok = jnp.take_along_axis(toks_bs, jnp.clip(qp, 0, s - 1), axis=1)
+        q_tok = jnp.where(qp >= 0, q_tok, -1)
+        run = run & (q_tok[:, :, None] == key_tok[:, None, :])
+        bonus = bonus + jnp.where(run, m_btn[:, :, j, None], 0.0)
+    return bonus
 
 
 def mix(
@@ -40,15 +73,19 @@ def mix(
     k_bsc: jax.Array,
     next_bs: jax.Array,
     ok_bts: jax.Array,
+    bonus_bts: jax.Array | None = None,
 ) -> jax.Array:
     """log p [b, t, v] float32 (module docstring).
 
     k_bsc: keys of the positions the pointer may choose from; next_bs: the token that followed each of
-    them; ok_bts: whether query t may point at s (s earlier than t, both real tokens).
+    them; ok_bts: whether query t may point at s (s earlier than t, both real tokens); bonus_bts: the
+    n-gram bonus (match_bonus), added to the scores.
     """
     b, t, v = logits_btv.shape
     c = q_btc.shape[-1]
     scores = jnp.einsum("btc,bsc->bts", q_btc, k_bsc) / jnp.sqrt(jnp.float32(c))
+    if bonus_bts is not None:
+        scores = scores + bonus_bts
     any_ok = jnp.any(ok_bts, axis=-1)
     # Rows with no allowed position get a uniform softmax (then zeroed) instead of NaN from all -inf.
     a = jax.nn.softmax(jnp.where(ok_bts, scores, jnp.where(any_ok[..., None], -jnp.inf, 0.0)), axis=-1)
@@ -70,7 +107,7 @@ def mix_uncached(
     p: dict, x_btd: jax.Array, logits_btv: jax.Array, tokens_bt: jax.Array, positions_bt: jax.Array
 ) -> jax.Array:
     """The copy head over this call's own tokens (no cache: each row's real tokens at positions 0, 1, ...)."""
-    q, k, z = project(p, x_btd)
+    q, k, z, m = project(p, x_btd)
     t = tokens_bt.shape[1]
     valid_bt = positions_bt >= 0
     # Source s needs a known successor: s + 1 is a real token of the row, and s + 1 <= the query's index.
@@ -78,7 +115,9 @@ def mix_uncached(
     idx = jnp.arange(t)
     ok = (idx[None, :] < idx[:, None])[None] & succ_bs[:, None, :] & valid_bt[:, :, None]
     next_bs = jnp.concatenate([tokens_bt[:, 1:], tokens_bt[:, -1:]], axis=1)
-    return mix(logits_btv, q, z, k, next_bs, ok)
+    # Row index = position here, so the tokens by index are the tokens by position.
+    bonus = None if m is None else match_bonus(m, tokens_bt, jnp.where(valid_bt, idx[None, :], -1))
+    return mix(logits_btv, q, z, k, next_bs, ok, bonus)
 
 
 def cached_ok(positions_bt: jax.Array, n_cache: int) -> jax.Array:

@@ -43,6 +43,9 @@ class ModelConfig:
     # A copy head of this width (0: none): the next token is a mixture of the vocabulary softmax and a
     # pointer over the context that copies the token after the position it points at (composer/copy_head.py).
     copy_head_dim: int = 0
+    # With a copy head: an exact-match bonus on the pointer for sources whose last 1..n tokens equal the
+    # query's (0: none; composer/copy_head.py).
+    copy_head_ngram: int = 0
     n_dense_layers: int = 0  # the first n layers use a dense SwiGLU of width d_ff_dense
     d_ff_dense: int = 128
     max_seq_len: int = 256

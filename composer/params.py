@@ -56,6 +56,11 @@ def zeros(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array
     return jnp.zeros(shape, dtype)
 
 
+def constant(value: float) -> Initializer:
+    """Every entry `value`."""
+    return lambda key, shape, dtype: jnp.full(shape, value, dtype)
+
+
 def _stack(n: int, tree: dict) -> dict:
     """Prepends the 'layers' axis of length n to every declaration in `tree`."""
     return jax.tree.map(lambda p: ParamDecl((n, *p.shape), ("layers", *p.axes), p.init), tree)
@@ -124,6 +129,12 @@ def declarations(cfg: ModelConfig) -> dict:
             "w_gate": ParamDecl((d,), ("embed",), zeros),
             "b_gate": ParamDecl((), (), zeros),
         }
+        if cfg.copy_head_ngram > 0:
+            # softplus(3) = 3.05 a matched token: from the start a source whose last 3 tokens match the
+            # query's outscores ~2000 unmatched ones (scores ~N(0, 1)) by e^9; W_m learns where not to.
+            n = cfg.copy_head_ngram
+            decls["copy"]["w_match"] = ParamDecl((d, n), ("embed", None), zeros)
+            decls["copy"]["b_match"] = ParamDecl((n,), (None,), constant(3.0))
     if cfg.value_head:
         # Zero init: every value starts at 0, the critic learns from the first returns.
         decls["value_head"] = {"w": ParamDecl((d,), ("embed",), zeros), "b": ParamDecl((), (), zeros)}

@@ -69,6 +69,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # distribution. Calls copy names, paths, line numbers and lines of code out of the report and tool
     # results; a model this small, trained this briefly, does not learn to copy through attention alone.
     c.model.copy_head_dim = 64
+    # The copy head's exact-match bonus over the last 1..3 tokens: a copy, once started, continues.
+    c.model.copy_head_ngram = 3
     c.model.n_dense_layers = 0  # the first n layers use a dense SwiGLU MLP instead of experts
     c.model.d_ff_dense = 512
     c.model.max_seq_len = 2048  # longest sequence trained on (longer ones are cut)
@@ -244,6 +246,7 @@ def _gpu(c: ConfigDict) -> None:
     c.model.rope_theta = 1_000_000.0
     c.model.qk_norm = "head"
     c.model.copy_head_dim = 0  # a Qwen3-MoE checkpoint has no copy head (export and init_from stay exact)
+    c.model.copy_head_ngram = 0
     c.moe.n_experts = 64
     c.moe.top_k = 8
     c.moe.d_ff = 768

@@ -13,7 +13,8 @@ from composer.model_config import ModelConfig
 
 
 def _reference(p, x_btd, logits_btv, tokens_bt, lengths_b):
-    """log p_t(v) by loops over rows, queries and sources (copy_head module docstring)."""
+    """log p_t(v) by loops over rows, queries and sources (copy_head module docstring), with the n-gram
+    bonus when p has w_match."""
     p = {k: np.asarray(v, np.float64) for k, v in p.items()}
     x = np.asarray(x_btd, np.float64)
     logits = np.asarray(logits_btv, np.float64)
@@ -29,6 +30,15 @@ def _reference(p, x_btd, logits_btv, tokens_bt, lengths_b):
             copy = np.zeros(v)
             if sources:
                 scores = np.array([(x[i, q] @ p["w_q"]) @ (x[i, s] @ p["w_k"]) / np.sqrt(c) for s in sources])
+                if "w_match" in p:
+                    m = np.log1p(np.exp(x[i, q] @ p["w_match"] + p["b_match"]))
+                    for n, s in enumerate(sources):
+                        for j in range(len(m)):
+                            # the last j + 1 tokens at s equal those at q (none before position 0)
+                            same = all(tokens_bt[i, s - u] == tokens_bt[i, q - u] for u in range(j + 1))
+                            if s - j < 0 or not same:
+                                break
+                            scores[n] += m[j]
                 a = np.exp(scores - scores.max())
                 a /= a.sum()
                 for s, w in zip(sources, a):
@@ -38,18 +48,23 @@ def _reference(p, x_btd, logits_btv, tokens_bt, lengths_b):
     return out
 
 
-def test_mix_matches_the_equations():
+@pytest.mark.parametrize("ngram", [0, 3])
+def test_mix_matches_the_equations(ngram):
     b, t, d, c, v = 3, 7, 8, 4, 11
-    keys = jax.random.split(jax.random.key(0), 6)
+    keys = jax.random.split(jax.random.key(0), 8)
     p = {
         "w_q": jax.random.normal(keys[0], (d, c)),
         "w_k": jax.random.normal(keys[1], (d, c)),
         "w_gate": jax.random.normal(keys[2], (d,)),
         "b_gate": jnp.asarray(0.3),
     }
+    if ngram:
+        p["w_match"] = jax.random.normal(keys[6], (d, ngram))
+        p["b_match"] = jax.random.normal(keys[7], (ngram,))
     x = jax.random.normal(keys[3], (b, t, d))
     logits = jax.random.normal(keys[4], (b, t, v))
-    tokens = np.asarray(jax.random.randint(keys[5], (b, t), 0, v))
+    # Few distinct tokens, so 1-, 2- and 3-token matches all occur.
+    tokens = np.asarray(jax.random.randint(keys[5], (b, t), 0, 3 if ngram else v))
     lengths = np.array([7, 4, 1])
     positions = np.where(np.arange(t)[None] < lengths[:, None], np.arange(t)[None], -1)
     got = np.asarray(copy_head.mix_uncached(p, x, logits, jnp.asarray(tokens), jnp.asarray(positions)))
@@ -85,3 +100,23 @@ def test_a_pointer_at_a_matching_context_copies_the_token_after_it():
     logp = model.forward(params, tokens, jnp.arange(6)[None], cfg)[0][0, -1]
     assert int(jnp.argmax(logp)) == 17
     assert float(jnp.exp(logp[17])) > 0.9
+
+
+def test_the_ngram_bonus_continues_a_copy_where_one_token_is_ambiguous():
+    # In [3, 1, 2, 9, 7, 3, 4, 5, 7, 3] the last token 3 came twice before, followed by 1 and by 4; only
+    # the second time after a 7, as now. Keys and queries carry no information (zero projections), so
+    # the pointer goes by the bonus alone: with 2-token matches it continues "7 3" with 4; with 1-token
+    # matches only it cannot choose between 1 and 4.
+    cfg = dataclasses.replace(
+        ModelConfig(vocab_size=16, d_model=16, copy_head_dim=4, copy_head_ngram=2), n_layers=0
+    )
+    params = model.init(jax.random.key(0), cfg)
+    params["unembed"] = jnp.zeros_like(params["unembed"])
+    params["copy"]["w_q"] = jnp.zeros_like(params["copy"]["w_q"])
+    params["copy"]["b_gate"] = jnp.asarray(30.0)
+    tokens = jnp.array([[3, 1, 2, 9, 7, 3, 4, 5, 7, 3]])
+    p = jnp.exp(model.forward(params, tokens, jnp.arange(10)[None], cfg)[0][0, -1])
+    assert float(p[4]) > 0.9
+    params["copy"]["b_match"] = jnp.array([3.0, -30.0])  # softplus(-30) ~ 0: 1-token matches only
+    p = jnp.exp(model.forward(params, tokens, jnp.arange(10)[None], cfg)[0][0, -1])
+    assert 0.4 < float(p[4]) < 0.6 and 0.4 < float(p[1]) < 0.6

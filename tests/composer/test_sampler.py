@@ -259,8 +259,9 @@ def test_new_params_forget_remembered_prefixes():
 
 
 # The copy head (composer/copy_head.py) keeps its own keys and tokens in the sampler's cache. Its gate is
-# opened (b_gate 2: 88% copy) so that a mistake in that cache shows in the log-probs.
-COPY_CFG = dataclasses.replace(CFG, copy_head_dim=8)
+# opened (b_gate 2: 88% copy) so that a mistake in that cache shows in the log-probs. The n-gram bonus
+# reads the query's last tokens out of that cache too.
+COPY_CFG = dataclasses.replace(CFG, copy_head_dim=8, copy_head_ngram=3)
 COPY_PARAMS = model.init(jax.random.key(3), COPY_CFG)
 COPY_PARAMS["copy"]["b_gate"] = jnp.asarray(2.0, jnp.float32)
 
@@ -281,6 +282,13 @@ def test_copy_head_logprobs_equal_forward_through_prefill_decode_and_extend():
     plain = _forward_logp(no_copy, dataclasses.replace(COPY_CFG, copy_head_dim=0), stream, second.token_ids)
     plain = plain[np.arange(len(second.token_ids)), second.token_ids]
     assert np.abs(plain - np.asarray(second.logprobs)).max() > 0.1
+    # Nor is the bonus: without it the same tokens get other log-probs.
+    no_bonus = {**COPY_PARAMS, "copy": {k: v for k, v in COPY_PARAMS["copy"].items() if "match" not in k}}
+    unmatched = _forward_logp(
+        no_bonus, dataclasses.replace(COPY_CFG, copy_head_ngram=0), stream, second.token_ids
+    )
+    unmatched = unmatched[np.arange(len(second.token_ids)), second.token_ids]
+    assert np.abs(unmatched - np.asarray(second.logprobs)).max() > 0.1
 
 
 def test_copy_head_continuous_batching_equals_one_at_a_time():
