@@ -55,6 +55,10 @@ _MODES: dict[str, Callable[[ml_collections.ConfigDict, Path], None]] = {
 
 def main(config: ml_collections.ConfigDict, workdir: str, mode: str) -> None:
     """Runs `mode` with `config`, writing into `workdir`."""
+    from env.tools import offered_tools
+
+    # A value that would otherwise fail minutes in, once the task suite is generated.
+    offered_tools(config.env.tools)
     path = Path(workdir)
     path.mkdir(parents=True, exist_ok=True)
     logging.info("mode %s, workdir %s", mode, path)

@@ -172,6 +172,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # Tool schemas in the system prompt: 'full' (with descriptions, as in the product) or 'compact' (names,
     # argument names and types only: several times fewer tokens, for small models trained on the CPU).
     c.env.tool_schemas = "compact"
+    # The tools episodes are offered, comma-separated ('' : all eleven); a call to another is answered as
+    # an unknown tool. The default offers the four the expert's trajectories use: the other seven schemas
+    # are 246 of the system prompt's 620 tokens, in every sequence trained on and every prompt prefilled,
+    # for tools this model never sees called.
+    c.env.tools = "run_terminal_cmd,grep,read_file,search_replace"
 
     # ---- eval
     c.eval = ConfigDict()
@@ -262,6 +267,7 @@ def _gpu(c: ConfigDict) -> None:
     c.sampling.max_turn_tokens = 2048
     c.env.n_workers = 16
     c.env.tool_schemas = "full"
+    c.env.tools = ""  # all of them
     c.env.n_train_tasks = 5000
     c.env.n_heldout_tasks = 200
     c.env.difficulty = 2

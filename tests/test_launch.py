@@ -26,6 +26,16 @@ def test_unknown_key_fails_before_work_naming_it(tmp_path):
     assert not workdir.exists()
 
 
+def test_an_unknown_tool_fails_before_work_naming_it(tmp_path):
+    workdir = tmp_path / "w"
+    r = _launch(
+        "--config=experiments/composer.py:tiny", "--config.env.tools=grep,grap", f"--workdir={workdir}"
+    )
+    assert r.returncode != 0
+    assert "'grap'" in r.stderr
+    assert not workdir.exists()
+
+
 def test_known_override_is_accepted_and_typed():
     config = composer_config.get_config("tiny")
     config.lock()

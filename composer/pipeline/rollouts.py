@@ -12,7 +12,7 @@ from composer.sampler import Sampler
 from env.rollout import RolloutLimits
 from env.rollout.driver import INSTRUCTIONS
 from env.rollout.pool import RolloutPool, make_pool
-from env.tools import tool_schemas
+from env.tools import offered_tools, tool_schemas
 
 
 class VersionedEngine:
@@ -46,8 +46,8 @@ def compact_schema(schema: dict) -> dict:
 
 
 def system_prompt(config: ml_collections.ConfigDict) -> chat.Message:
-    """The system turn of every episode (and of the SFT trajectories), per env.tool_schemas."""
-    schemas = tool_schemas()
+    """The system turn of every episode (and of the SFT trajectories), per env.tools and env.tool_schemas."""
+    schemas = tool_schemas(offered_tools(config.env.tools))
     if config.env.tool_schemas == "compact":
         schemas = [compact_schema(s) for s in schemas]
     elif config.env.tool_schemas != "full":

@@ -82,13 +82,21 @@ class LocalPool(RolloutPool):
 
     isolation and limits go to every `env.sandbox.Sandbox` (None: the sandbox's default limits). Sandboxes
     take the first free slot themselves (slots are machine-wide locks, shared with graders and other pools).
+    tools: the tools episodes may call (None: all of them; env.tools.ToolContext).
     """
 
-    def __init__(self, n_workers: int, *, isolation: str = "auto", limits: Any = None):
+    def __init__(
+        self,
+        n_workers: int,
+        *,
+        isolation: str = "auto",
+        limits: Any = None,
+        tools: tuple[str, ...] | None = None,
+    ):
         if n_workers < 1:
             raise ValueError(f"n_workers must be at least 1, got {n_workers}")
         self._mp = multiprocessing.get_context("spawn")
-        self._isolation, self._limits = isolation, limits
+        self._isolation, self._limits, self._tools = isolation, limits, tools
         self._workers: list[_Handle] = []
         self._where: dict[str, int] = {}  # live episode -> worker index
         self._workspaces: dict[str, str] = {}
@@ -201,7 +209,7 @@ class LocalPool(RolloutPool):
         parent, child = self._mp.Pipe(duplex=True)
         process = self._mp.Process(
             target=run_worker,
-            args=(child, index, self._isolation, self._limits),
+            args=(child, index, self._isolation, self._limits, self._tools),
             name=f"rollout-worker-{index}",
             daemon=True,
         )
@@ -305,14 +313,17 @@ POOLS = {"local": LocalPool}
 
 def make_pool(config: Any) -> RolloutPool:
     """The pool named by `config.env.rollout_backend`, sized by `config.env.n_workers`, its commands limited
-    to `config.env.command_timeout_s`. 'ray' (env/rollout/ray_pool.py, imported only when chosen) connects
-    to the cluster at `config.env.ray_address` ('' : RAY_ADDRESS, else a local cluster)."""
+    to `config.env.command_timeout_s`, its episodes offered the tools of `config.env.tools`. 'ray'
+    (env/rollout/ray_pool.py, imported only when chosen) connects to the cluster at `config.env.ray_address`
+    ('' : RAY_ADDRESS, else a local cluster)."""
     backend = config.env.rollout_backend
     if backend != "ray" and backend not in POOLS:
         raise ValueError(f"unknown env.rollout_backend {backend!r}; known: {sorted([*POOLS, 'ray'])}")
     from env.sandbox import Limits
+    from env.tools import offered_tools
 
     limits = Limits(timeout_s=config.env.command_timeout_s)
+    tools = offered_tools(config.env.tools)
     if backend == "ray":
         from env.rollout.ray_pool import RayPool
 
@@ -320,6 +331,7 @@ def make_pool(config: Any) -> RolloutPool:
             config.env.n_workers,
             isolation=config.env.isolation,
             limits=limits,
+            tools=tools,
             address=config.env.ray_address or None,
         )
-    return POOLS[backend](config.env.n_workers, isolation=config.env.isolation, limits=limits)
+    return POOLS[backend](config.env.n_workers, isolation=config.env.isolation, limits=limits, tools=tools)

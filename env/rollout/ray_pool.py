@@ -56,12 +56,12 @@ class _QueueConnection:
 class RolloutActor:
     """A rollout worker as a Ray actor: the worker body on a thread, messages in order by number."""
 
-    def __init__(self, index: int, isolation: str, limits: Any) -> None:
+    def __init__(self, index: int, isolation: str, limits: Any, tools: tuple[str, ...] | None = None) -> None:
         self._conn = _QueueConnection()
         self._next = 0
         self._held: dict[int, tuple] = {}
         self._lock = threading.Lock()
-        worker = _Worker(self._conn, index, isolation, limits)
+        worker = _Worker(self._conn, index, isolation, limits, tools)
         self._thread = threading.Thread(target=worker.serve, name=f"rollout-worker-{index}", daemon=True)
         self._thread.start()
 
@@ -112,6 +112,7 @@ class RayPool(LocalPool):
         *,
         isolation: str = "auto",
         limits: Any = None,
+        tools: tuple[str, ...] | None = None,
         address: str | None = None,
         num_cpus: int | None = None,
     ) -> None:
@@ -133,7 +134,7 @@ class RayPool(LocalPool):
         # not by a CPU count (their tools run as child processes the sandbox limits).
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)(RolloutActor)
         self._actors: list[_ActorState] = []
-        super().__init__(n_workers, isolation=isolation, limits=limits)
+        super().__init__(n_workers, isolation=isolation, limits=limits, tools=tools)
 
     # -- the interface (start_episode, submit_calls, finish_episode, metrics: LocalPool's)
     def poll(self, timeout: float) -> list[Event]:
@@ -200,7 +201,7 @@ class RayPool(LocalPool):
 
     # -- internals: LocalPool's, for actors
     def _spawn(self, index: int) -> _Handle:
-        actor = self._actor_cls.remote(index, self._isolation, self._limits)
+        actor = self._actor_cls.remote(index, self._isolation, self._limits, self._tools)
         state = _ActorState(receiving=actor.receive.remote(_RECEIVE_WAIT_S))
         if index < len(self._actors):
             self._actors[index] = state

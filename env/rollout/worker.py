@@ -53,8 +53,10 @@ class _Live:
 
 
 class _Worker:
-    def __init__(self, conn: Connection, index: int, isolation: str, limits: Any):
-        self.conn, self.index, self.isolation = conn, index, isolation
+    def __init__(
+        self, conn: Connection, index: int, isolation: str, limits: Any, tools: tuple[str, ...] | None = None
+    ):
+        self.conn, self.index, self.isolation, self.tools = conn, index, isolation, tools
         self.limits = limits if limits is not None else sandbox.Limits()
         self.send_lock = threading.Lock()
         self.lock = threading.Lock()
@@ -151,7 +153,7 @@ class _Worker:
         except Exception:
             sandbox.remove_workspace(workspace)
             raise
-        return _Live(task, Path(workspace), box, tools.ToolContext(workspace, box))
+        return _Live(task, Path(workspace), box, tools.ToolContext(workspace, box, tools=self.tools))
 
     def _calls(self, episode_id: str, live: _Live, calls: list) -> None:
         t0 = time.monotonic()
@@ -196,11 +198,13 @@ class _Worker:
                 log.exception("closing the %s of an episode failed (%s)", what, live.workspace)
 
 
-def run_worker(conn: Connection, index: int, isolation: str, limits: Any) -> None:
+def run_worker(
+    conn: Connection, index: int, isolation: str, limits: Any, tools: tuple[str, ...] | None = None
+) -> None:
     """Entry point of a worker process (multiprocessing target)."""
     # Ctrl-C reaches the whole process group; the pool decides when workers stop (and they clean up then).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _Worker(conn, index, isolation, limits).serve()
+        _Worker(conn, index, isolation, limits, tools).serve()
     finally:
         conn.close()

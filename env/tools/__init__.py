@@ -2,6 +2,7 @@
 
     ctx = ToolContext(workspace, sandbox)            # one per episode
     system_message(tool_schemas(), ...)              # schemas for the prompt, in TOOL_NAMES order
+    ToolContext(workspace, sandbox, tools=offered_tools("read_file,grep"))  # a subset of the tools
     execute(ctx, ToolCall("read_file", {"target_file": "pkg/mod.py"})) -> ToolResult(text, is_error)
     execute_parallel(ctx, calls)                     # one turn's calls, concurrently, results in order
 
@@ -13,7 +14,7 @@ call from the command line.
 
 from env.tools.context import ToolContext, ToolError, ToolResult
 from env.tools.dispatch import execute, execute_json, execute_parallel
-from env.tools.schemas import TOOL_NAMES, tool_schemas
+from env.tools.schemas import TOOL_NAMES, offered_tools, tool_schemas
 
 __all__ = [
     "TOOL_NAMES",
@@ -23,5 +24,6 @@ __all__ = [
     "execute",
     "execute_json",
     "execute_parallel",
+    "offered_tools",
     "tool_schemas",
 ]

@@ -33,8 +33,18 @@ class ToolContext:
     list by `todo_lock`.
     """
 
-    def __init__(self, workspace: Path, sandbox: Any = None, *, display_root: str = "/workspace"):
+    def __init__(
+        self,
+        workspace: Path,
+        sandbox: Any = None,
+        *,
+        display_root: str = "/workspace",
+        tools: tuple[str, ...] | None = None,
+    ):
         self.workspace = Path(workspace)
+        # The tools this episode offers (its system prompt lists them); None: every tool. A call to another
+        # one is answered as an unknown tool.
+        self.tools = None if tools is None else tuple(tools)
         self.real_workspace = os.path.realpath(self.workspace)
         if not os.path.isdir(self.real_workspace):
             raise NotADirectoryError(f"workspace {workspace} is not a directory")

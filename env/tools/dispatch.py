@@ -1,8 +1,9 @@
 """Executing calls: name -> tool, argument validation, errors as results, parallel calls.
 
-Nothing here raises to the caller: a CallError from the parser, an unknown tool, arguments that do not fit
-the schema, a ToolError inside a tool and any unexpected exception all come back as a ToolResult with the
-error flag (the last one is also logged with its traceback, since it is a bug of ours, not the model's).
+Nothing here raises to the caller: a CallError from the parser, an unknown tool (or one the context does
+not offer), arguments that do not fit the schema, a ToolError inside a tool and any unexpected exception all
+come back as a ToolResult with the error flag (the last one is also logged with its traceback, since it is
+a bug of ours, not the model's).
 """
 
 import concurrent.futures
@@ -45,9 +46,10 @@ def execute(ctx: ToolContext, call: ToolCall | CallError) -> ToolResult:
     try:
         if isinstance(call, CallError):
             return ToolResult(f"Error: malformed tool call: {call.message}", is_error=True)
-        if call.name not in TOOLS:
+        offered = TOOL_NAMES if ctx.tools is None else ctx.tools
+        if call.name not in TOOLS or call.name not in offered:
             return ToolResult(
-                f"Error: unknown tool '{call.name}'. Valid tools: {', '.join(TOOL_NAMES)}", is_error=True
+                f"Error: unknown tool '{call.name}'. Valid tools: {', '.join(offered)}", is_error=True
             )
         if not isinstance(call.arguments, dict):
             return ToolResult(f"Error: the arguments of {call.name} must be a JSON object", is_error=True)

@@ -205,13 +205,26 @@ TOOL_NAMES: tuple[str, ...] = tuple(name for name, _, _ in _SPECS)
 _PARAMETERS: dict[str, dict] = {name: params for name, _, params in _SPECS}
 
 
-def tool_schemas() -> list[dict]:
+def tool_schemas(names: tuple[str, ...] | None = None) -> list[dict]:
     """`{"type": "function", "function": {"name", "description", "parameters"}}` per tool, in TOOL_NAMES
-    order."""
+    order; only those in `names` when given."""
     return [
         {"type": "function", "function": {"name": n, "description": d, "parameters": copy.deepcopy(p)}}
         for n, d, p in _SPECS
+        if names is None or n in names
     ]
+
+
+def offered_tools(spec: str) -> tuple[str, ...] | None:
+    """The tools named by a comma-separated list ('' or 'all': every tool, None), in TOOL_NAMES order.
+    Raises ValueError naming any tool that does not exist."""
+    if spec.strip() in ("", "all"):
+        return None
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in TOOL_NAMES]
+    if unknown:
+        raise ValueError(f"unknown tools {unknown} in {spec!r}; the tools are {', '.join(TOOL_NAMES)}")
+    return tuple(n for n in TOOL_NAMES if n in names)
 
 
 def json_type(value: Any) -> str:

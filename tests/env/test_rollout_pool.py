@@ -183,6 +183,19 @@ def test_malformed_calls_come_back_as_error_results_and_the_episode_goes_on(task
     assert graded.reward == 0.0  # nothing was fixed; graded for real, not skipped
 
 
+def test_workers_offer_only_the_pools_tools(tasks):
+    with LocalPool(1, tools=("read_file", "grep")) as pool:
+        pool.start_episode("subset", str(tasks[0].path))
+        pool.submit_calls(
+            "subset", [ToolCall("list_dir", {"target_directory": "."}), ToolCall("grep", {"pattern": "def "})]
+        )
+        refused, ok = _wait(pool, "subset", "tool_results").payload["results"]
+        pool.finish_episode("subset", grade=False)
+        _wait(pool, "subset", "graded")
+    assert refused.is_error and "unknown tool 'list_dir'. Valid tools: read_file, grep" in refused.text
+    assert not ok.is_error and "def " in ok.text
+
+
 def test_workers_do_not_run_the_main_script_or_import_jax(tmp_path):
     marker = tmp_path / "imports.txt"
     script = tmp_path / "main_script.py"

@@ -21,6 +21,7 @@ from env.tools import (
     execute,
     execute_json,
     execute_parallel,
+    offered_tools,
     tool_schemas,
 )
 
@@ -244,3 +245,17 @@ def test_cli_runs_terminal_commands_in_a_sandbox(tmp_path):
         )
     finally:
         sandbox.remove_workspace(ws)
+
+
+def test_a_context_offers_a_subset_of_the_tools(ws):
+    tools = offered_tools(" grep,read_file ")
+    assert tools == ("read_file", "grep")  # in TOOL_NAMES order, whatever the list's
+    assert offered_tools("") is None and offered_tools("all") is None
+    with pytest.raises(ValueError, match="'grap'"):
+        offered_tools("read_file,grap")
+    assert [s["function"]["name"] for s in tool_schemas(tools)] == ["read_file", "grep"]
+    ctx = ToolContext(ws, tools=tools)
+    refused = execute(ctx, ToolCall("list_dir", {"target_directory": "."}))
+    assert refused.is_error and refused.text == "Error: unknown tool 'list_dir'. Valid tools: read_file, grep"
+    assert "return 1" in execute(ctx, ToolCall("read_file", {"target_file": "a.py"})).text
+    assert not execute(ToolContext(ws), ToolCall("list_dir", {"target_directory": "."})).is_error
