@@ -8,7 +8,7 @@ its calls:
 
 1. REPRODUCE: run the tests.
 2. SEARCH: grep for the definition of the entry point the bug report calls.
-3. READ: the failing test and that definition, two read_file calls in one turn (run in parallel).
+3. READ: that definition and the failing test, two read_file calls in one turn (run in parallel).
 4. TRACE: for each call on the way down to the buggy helper, grep for its definition and read it.
 5. EDIT: one search_replace whose old_string is text of the file as the read showed it.
 6. VERIFY: run the tests again; then a short final message without calls.
@@ -150,20 +150,22 @@ class _Expert:
         )
         entry_line = _grep_line(found[0].text, entry["file"])
 
-        # 3. READ the failing test and the entry point together.
+        # 3. READ the entry point and the failing test together. The definition comes first: its path and
+        # line are the grep result just above, so the call is a copy of it (after a read of the test, the
+        # same "target_file" would invite repeating the test's path).
         test_span = _span(self.ctx.workspace / shown_file, shown_test)
         entry_span = _span(self.ctx.workspace / entry["file"], entry["function"], entry_line)
         self.turn(
             self.say(
                 (
-                    "Let me read the failing test and `{f}`.",
-                    "I'll look at the test and at `{f}` side by side.",
-                    "Reading the test `{t}` and the code of `{f}`.",
+                    "Let me read `{f}` and the failing test.",
+                    "I'll look at `{f}` and at the test side by side.",
+                    "Reading the code of `{f}` and the test `{t}`.",
                 ),
                 f=shown,
                 t=shown_test,
             ),
-            [_read(shown_file, test_span), _read(entry["file"], entry_span)],
+            [_read(entry["file"], entry_span), _read(shown_file, test_span)],
         )
 
         # 4. TRACE down the calls to the buggy function.
