@@ -18,6 +18,14 @@ matching half of an induction head, built in: once a copy has started, the longe
 token just copied, e.g. "0.621, 0.621, 0.621"), and W_m lets the query turn the bonus down where a copy
 starts and the last tokens say nothing about where to point.
 
+With `copy_head_recency` the pointer also prefers recent sources, by a slope each query sets:
+r_t = softplus(h_t . w_r + b_r) and
+
+    scores_ts -= r_t log(1 + t - s)
+
+q . k carries no position, so without it the pointer cannot tell the start of the latest tool result
+(whose path a call copies) from the start of an earlier one.
+
 The model's "logits" become log p_t (their softmax is p_t, so every consumer of logits, the losses,
 the learner's log-probs and the sampler, works unchanged). Pointing at s and copying x_{s+1} is an
 induction head whose copy step is built in: the head only learns where to point (q_t matches k_s when
@@ -28,6 +36,8 @@ this way far sooner than through attention layers alone.
 At t = 0 (no earlier position) the gate is closed and p_t is the vocabulary softmax.
 """
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -35,17 +45,58 @@ import jax.numpy as jnp
 _CLOSED = -30.0
 
 
-def project(p: dict, x_btd: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
-    """(queries [b, t, c], keys [b, t, c], gate pre-activations [b, t], match weights [b, t, n] or None
-    without the n-gram bonus), float32, from final hidden states."""
+class Projection(NamedTuple):
+    """What the head reads off the final hidden states, float32: queries q [b, t, c], keys k [b, t, c],
+    gate pre-activations z [b, t]; the n-gram weights match [b, t, n] and the recency slopes recency
+    [b, t], each None when the model has no such term."""
+
+    q: jax.Array
+    k: jax.Array
+    z: jax.Array
+    match: jax.Array | None
+    recency: jax.Array | None
+
+    def at(self, idx_b: jax.Array) -> "Projection":
+        """The queries' fields at index idx_b[i] of row i (t becomes 1); keys are kept whole."""
+
+        def pick(x):
+            if x is None:
+                return None
+            idx = idx_b.reshape((-1,) + (1,) * (x.ndim - 1))
+            return jnp.take_along_axis(x, idx, axis=1)
+
+        return Projection(pick(self.q), self.k, pick(self.z), pick(self.match), pick(self.recency))
+
+
+def project(p: dict, x_btd: jax.Array) -> Projection:
+    """The head's projections of final hidden states x_btd."""
     x = x_btd.astype(jnp.float32)
-    q = x @ p["w_q"].astype(jnp.float32)
-    k = x @ p["w_k"].astype(jnp.float32)
-    z = x @ p["w_gate"].astype(jnp.float32) + p["b_gate"].astype(jnp.float32)
-    m = None
+
+    def f(name):
+        return x @ p[name].astype(jnp.float32)
+
+    z = f("w_gate") + p["b_gate"].astype(jnp.float32)
+    match = recency = None
     if "w_match" in p:
-        m = jax.nn.softplus(x @ p["w_match"].astype(jnp.float32) + p["b_match"].astype(jnp.float32))
-    return q, k, z, m
+        match = jax.nn.softplus(f("w_match") + p["b_match"].astype(jnp.float32))
+    if "w_recency" in p:
+        recency = jax.nn.softplus(f("w_recency") + p["b_recency"].astype(jnp.float32))
+    return Projection(f("w_q"), f("w_k"), z, match, recency)
+
+
+def bias(proj: Projection, toks_bs: jax.Array, query_pos_bt: jax.Array) -> jax.Array | None:
+    """The n-gram bonus plus the recency term [b, t, s] (module docstring), None with neither. toks_bs: the
+    token at each position s (the query's own and earlier ones included); query_pos_bt: each query's
+    position in it (< 0: padding, no match)."""
+    out = None
+    if proj.match is not None:
+        out = match_bonus(proj.match, toks_bs, query_pos_bt)
+    if proj.recency is not None:
+        s = jnp.arange(toks_bs.shape[1])
+        dist = jnp.maximum(query_pos_bt[:, :, None] - s[None, None, :], 0).astype(jnp.float32)
+        term = -proj.recency[:, :, None] * jnp.log1p(dist)
+        out = term if out is None else out + term
+    return out
 
 
 def match_bonus(m_btn: jax.Array, toks_bs: jax.Array, query_pos_bt: jax.Array) -> jax.Array:
@@ -73,19 +124,19 @@ def mix(
     k_bsc: jax.Array,
     next_bs: jax.Array,
     ok_bts: jax.Array,
-    bonus_bts: jax.Array | None = None,
+    bias_bts: jax.Array | None = None,
 ) -> jax.Array:
     """log p [b, t, v] float32 (module docstring).
 
     k_bsc: keys of the positions the pointer may choose from; next_bs: the token that followed each of
-    them; ok_bts: whether query t may point at s (s earlier than t, both real tokens); bonus_bts: the
-    n-gram bonus (match_bonus), added to the scores.
+    them; ok_bts: whether query t may point at s (s earlier than t, both real tokens); bias_bts: the
+    n-gram bonus and recency term (`bias`), added to the scores.
     """
     b, t, v = logits_btv.shape
     c = q_btc.shape[-1]
     scores = jnp.einsum("btc,bsc->bts", q_btc, k_bsc) / jnp.sqrt(jnp.float32(c))
-    if bonus_bts is not None:
-        scores = scores + bonus_bts
+    if bias_bts is not None:
+        scores = scores + bias_bts
     any_ok = jnp.any(ok_bts, axis=-1)
     # Rows with no allowed position get a uniform softmax (then zeroed) instead of NaN from all -inf.
     a = jax.nn.softmax(jnp.where(ok_bts, scores, jnp.where(any_ok[..., None], -jnp.inf, 0.0)), axis=-1)
@@ -107,7 +158,7 @@ def mix_uncached(
     p: dict, x_btd: jax.Array, logits_btv: jax.Array, tokens_bt: jax.Array, positions_bt: jax.Array
 ) -> jax.Array:
     """The copy head over this call's own tokens (no cache: each row's real tokens at positions 0, 1, ...)."""
-    q, k, z, m = project(p, x_btd)
+    proj = project(p, x_btd)
     t = tokens_bt.shape[1]
     valid_bt = positions_bt >= 0
     # Source s needs a known successor: s + 1 is a real token of the row, and s + 1 <= the query's index.
@@ -116,8 +167,8 @@ def mix_uncached(
     ok = (idx[None, :] < idx[:, None])[None] & succ_bs[:, None, :] & valid_bt[:, :, None]
     next_bs = jnp.concatenate([tokens_bt[:, 1:], tokens_bt[:, -1:]], axis=1)
     # Row index = position here, so the tokens by index are the tokens by position.
-    bonus = None if m is None else match_bonus(m, tokens_bt, jnp.where(valid_bt, idx[None, :], -1))
-    return mix(logits_btv, q, z, k, next_bs, ok, bonus)
+    extra = bias(proj, tokens_bt, jnp.where(valid_bt, idx[None, :], -1))
+    return mix(logits_btv, proj.q, proj.z, proj.k, next_bs, ok, extra)
 
 
 def cached_ok(positions_bt: jax.Array, n_cache: int) -> jax.Array:

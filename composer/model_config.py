@@ -46,6 +46,8 @@ class ModelConfig:
     # With a copy head: an exact-match bonus on the pointer for sources whose last 1..n tokens equal the
     # query's (0: none; composer/copy_head.py).
     copy_head_ngram: int = 0
+    # With a copy head: a per-query penalty on the log-distance to each source (composer/copy_head.py).
+    copy_head_recency: bool = False
     n_dense_layers: int = 0  # the first n layers use a dense SwiGLU of width d_ff_dense
     d_ff_dense: int = 128
     max_seq_len: int = 256

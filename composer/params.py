@@ -135,6 +135,10 @@ def declarations(cfg: ModelConfig) -> dict:
             n = cfg.copy_head_ngram
             decls["copy"]["w_match"] = ParamDecl((d, n), ("embed", None), zeros)
             decls["copy"]["b_match"] = ParamDecl((n,), (None,), constant(3.0))
+        if cfg.copy_head_recency:
+            # softplus(-1) = 0.31: a source 1000 tokens back starts 2.2 below the one just before.
+            decls["copy"]["w_recency"] = ParamDecl((d,), ("embed",), zeros)
+            decls["copy"]["b_recency"] = ParamDecl((), (), constant(-1.0))
     if cfg.value_head:
         # Zero init: every value starts at 0, the critic learns from the first returns.
         decls["value_head"] = {"w": ParamDecl((d,), ("embed",), zeros), "b": ParamDecl((), (), zeros)}

@@ -164,18 +164,15 @@ def forward_unstacked(
     if cfg.copy_head_dim > 0:
         # The copy head needs every new position's key (and token) in its cache, not only the logits'.
         x_btd = layers.rms_norm(x_btd, params_u["final_norm"], cfg.rms_eps)
-        q_btc, k_btc, z_bt, m_btn = copy_head.project(params_u["copy"], x_btd)
-        k_buf, keys_bsgc = kv_cache.write_layer(extra[0], jnp.int32(0), k_btc[:, :, None, :], plan)
+        proj = copy_head.project(params_u["copy"], x_btd)
+        k_buf, keys_bsgc = kv_cache.write_layer(extra[0], jnp.int32(0), proj.k[:, :, None, :], plan)
         t_buf, toks_bsgc = kv_cache.write_layer(extra[1], jnp.int32(0), tokens_bt[:, :, None, None], plan)
         extra = (k_buf, t_buf)
         query_positions_bt = positions_bt
         if logits_at_b is not None:
             at = logits_at_b[:, None]
             x_btd = jnp.take_along_axis(x_btd, at[..., None], axis=1)
-            q_btc = jnp.take_along_axis(q_btc, at[..., None], axis=1)
-            z_bt = jnp.take_along_axis(z_bt, at, axis=1)
-            if m_btn is not None:
-                m_btn = jnp.take_along_axis(m_btn, at[..., None], axis=1)
+            proj = proj.at(logits_at_b)
             query_positions_bt = jnp.take_along_axis(positions_bt, at, axis=1)
     else:
         if logits_at_b is not None:
@@ -187,8 +184,10 @@ def forward_unstacked(
         toks_bs = toks_bsgc[:, :, 0, 0]
         next_bs = jnp.concatenate([toks_bs[:, 1:], toks_bs[:, -1:]], axis=1)
         ok_bts = copy_head.cached_ok(query_positions_bt, toks_bs.shape[1])
-        bonus = None if m_btn is None else copy_head.match_bonus(m_btn, toks_bs, query_positions_bt)
-        logits_btv = copy_head.mix(logits_btv, q_btc, z_bt, keys_bsgc[:, :, 0, :], next_bs, ok_bts, bonus)
+        extra_bts = copy_head.bias(proj, toks_bs, query_positions_bt)
+        logits_btv = copy_head.mix(
+            logits_btv, proj.q, proj.z, keys_bsgc[:, :, 0, :], next_bs, ok_bts, extra_bts
+        )
     return logits_btv, LayerCaches(tuple(k_out), tuple(v_out), plan.lengths_b, extra), redone
 
 

@@ -71,6 +71,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.model.copy_head_dim = 64
     # The copy head's exact-match bonus over the last 1..3 tokens: a copy, once started, continues.
     c.model.copy_head_ngram = 3
+    # And a recency term: the path a call copies is at the start of the latest tool result, which q . k,
+    # blind to position, cannot tell from the start of an earlier one.
+    c.model.copy_head_recency = True
     c.model.n_dense_layers = 0  # the first n layers use a dense SwiGLU MLP instead of experts
     c.model.d_ff_dense = 512
     c.model.max_seq_len = 2048  # longest sequence trained on (longer ones are cut)
@@ -252,6 +255,7 @@ def _gpu(c: ConfigDict) -> None:
     c.model.qk_norm = "head"
     c.model.copy_head_dim = 0  # a Qwen3-MoE checkpoint has no copy head (export and init_from stay exact)
     c.model.copy_head_ngram = 0
+    c.model.copy_head_recency = False
     c.moe.n_experts = 64
     c.moe.top_k = 8
     c.moe.d_ff = 768

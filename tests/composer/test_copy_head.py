@@ -14,7 +14,7 @@ from composer.model_config import ModelConfig
 
 def _reference(p, x_btd, logits_btv, tokens_bt, lengths_b):
     """log p_t(v) by loops over rows, queries and sources (copy_head module docstring), with the n-gram
-    bonus when p has w_match."""
+    bonus when p has w_match and the recency term when it has w_recency."""
     p = {k: np.asarray(v, np.float64) for k, v in p.items()}
     x = np.asarray(x_btd, np.float64)
     logits = np.asarray(logits_btv, np.float64)
@@ -39,6 +39,9 @@ def _reference(p, x_btd, logits_btv, tokens_bt, lengths_b):
                             if s - j < 0 or not same:
                                 break
                             scores[n] += m[j]
+                if "w_recency" in p:
+                    r = np.log1p(np.exp(x[i, q] @ p["w_recency"] + p["b_recency"]))
+                    scores -= r * np.log1p(q - np.array(sources))
                 a = np.exp(scores - scores.max())
                 a /= a.sum()
                 for s, w in zip(sources, a):
@@ -48,10 +51,10 @@ def _reference(p, x_btd, logits_btv, tokens_bt, lengths_b):
     return out
 
 
-@pytest.mark.parametrize("ngram", [0, 3])
-def test_mix_matches_the_equations(ngram):
+@pytest.mark.parametrize("ngram, recency", [(0, False), (3, False), (0, True), (3, True)])
+def test_mix_matches_the_equations(ngram, recency):
     b, t, d, c, v = 3, 7, 8, 4, 11
-    keys = jax.random.split(jax.random.key(0), 8)
+    keys = jax.random.split(jax.random.key(0), 10)
     p = {
         "w_q": jax.random.normal(keys[0], (d, c)),
         "w_k": jax.random.normal(keys[1], (d, c)),
@@ -61,6 +64,9 @@ def test_mix_matches_the_equations(ngram):
     if ngram:
         p["w_match"] = jax.random.normal(keys[6], (d, ngram))
         p["b_match"] = jax.random.normal(keys[7], (ngram,))
+    if recency:
+        p["w_recency"] = jax.random.normal(keys[8], (d,))
+        p["b_recency"] = jax.random.normal(keys[9], ())
     x = jax.random.normal(keys[3], (b, t, d))
     logits = jax.random.normal(keys[4], (b, t, v))
     # Few distinct tokens, so 1-, 2- and 3-token matches all occur.
@@ -120,3 +126,24 @@ def test_the_ngram_bonus_continues_a_copy_where_one_token_is_ambiguous():
     params["copy"]["b_match"] = jnp.array([3.0, -30.0])  # softplus(-30) ~ 0: 1-token matches only
     p = jnp.exp(model.forward(params, tokens, jnp.arange(10)[None], cfg)[0][0, -1])
     assert 0.4 < float(p[4]) < 0.6 and 0.4 < float(p[1]) < 0.6
+
+
+def test_the_recency_term_prefers_the_latest_of_equal_sources():
+    # [2, 5, 9, 2, 6, 9, 2]: after 2 the context offers 5 and 6, equal by content (zero projections; the
+    # 1-token bonus finds both earlier 2s). The recency term picks the later one, 6; without it, a tie.
+    cfg = dataclasses.replace(
+        ModelConfig(vocab_size=16, d_model=16, copy_head_dim=4, copy_head_ngram=1, copy_head_recency=True),
+        n_layers=0,
+    )
+    params = model.init(jax.random.key(0), cfg)
+    params["unembed"] = jnp.zeros_like(params["unembed"])
+    params["copy"]["w_q"] = jnp.zeros_like(params["copy"]["w_q"])
+    params["copy"]["b_gate"] = jnp.asarray(30.0)
+    params["copy"]["b_match"] = jnp.array([6.0])
+    params["copy"]["b_recency"] = jnp.asarray(3.0)
+    tokens = jnp.array([[2, 5, 9, 2, 6, 9, 2]])
+    p = jnp.exp(model.forward(params, tokens, jnp.arange(7)[None], cfg)[0][0, -1])
+    assert float(p[6]) > 0.7 and float(p[5]) < 0.2
+    params["copy"]["b_recency"] = jnp.asarray(-30.0)  # softplus ~ 0: no recency term
+    p = jnp.exp(model.forward(params, tokens, jnp.arange(7)[None], cfg)[0][0, -1])
+    assert abs(float(p[6]) - float(p[5])) < 0.01

@@ -260,8 +260,8 @@ def test_new_params_forget_remembered_prefixes():
 
 # The copy head (composer/copy_head.py) keeps its own keys and tokens in the sampler's cache. Its gate is
 # opened (b_gate 2: 88% copy) so that a mistake in that cache shows in the log-probs. The n-gram bonus
-# reads the query's last tokens out of that cache too.
-COPY_CFG = dataclasses.replace(CFG, copy_head_dim=8, copy_head_ngram=3)
+# reads the query's last tokens out of that cache too, and the recency term the query's position.
+COPY_CFG = dataclasses.replace(CFG, copy_head_dim=8, copy_head_ngram=3, copy_head_recency=True)
 COPY_PARAMS = model.init(jax.random.key(3), COPY_CFG)
 COPY_PARAMS["copy"]["b_gate"] = jnp.asarray(2.0, jnp.float32)
 
