@@ -9,8 +9,11 @@ def test_bucket_length():
     assert batching.bucket_length(1) == 64
     assert batching.bucket_length(64) == 64
     assert batching.bucket_length(65) == 128
-    assert batching.bucket_length(300) == 512
-    assert batching.bucket_length(300, max_len=400) == 400
+    assert batching.bucket_length(300) == 320  # from 4 * 64 up, four buckets an octave
+    assert batching.bucket_length(257) == 320 and batching.bucket_length(256) == 256
+    assert batching.bucket_length(1700) == 1792 and batching.bucket_length(1793) == 2048
+    assert batching.bucket_length(129) == 256  # below 4 * 64, powers of two only
+    assert batching.bucket_length(500, max_len=480) == 480
 
 
 def test_pack_sequences_pads_sorts_and_keeps_every_token():
@@ -27,7 +30,7 @@ def test_pack_sequences_pads_sorts_and_keeps_every_token():
             }
         )
     batch = batching.pack_sequences(seqs, micro_batch=2, multiple=16)
-    assert batch["tokens"].shape == (3, 2, 128)
+    assert batch["tokens"].shape == (3, 2, 80)  # 70 tokens: the bucket 1.25 * 64
     flat = {k: v.reshape((6,) + v.shape[2:]) for k, v in batch.items()}
     lengths = (flat["positions"] >= 0).sum(-1)
     assert list(lengths) == [3, 5, 12, 33, 70, 0]  # sorted; one empty row pads the last micro-batch
