@@ -115,11 +115,13 @@ def test_make_pool_picks_ray_by_config(pool):
                 "isolation": "auto",
                 "command_timeout_s": 5.0,
                 "ray_address": "",
+                "tools": "grep,read_file",
             }
         }
     )
     with make_pool(config) as p:
         assert isinstance(p, RayPool)
+        assert p._tools == ("read_file", "grep")  # handed to every actor's worker
         p.wait_ready(60.0)
         assert len(set(p.pids)) == 2 and p.metrics()["workers"] == 2
     assert ray.is_initialized()  # it did not start the cluster, so it leaves it running
