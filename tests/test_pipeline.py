@@ -94,3 +94,19 @@ def test_tiny_pipeline_with_the_ray_pool_and_ppo(tmp_path):
     assert abs(rl[0]["kl_ref"]) < 1e-5 and rl[1]["kl_ref"] > 0
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["rl"]["episodes"] == 4 and summary["rl"]["errors"] == 0
+
+
+@pytest.mark.slow
+def test_eval_mode_never_trains(tmp_path):
+    # SFT only, then --mode=eval: the SFT model is evaluated and no RL step runs (there is no RL
+    # checkpoint to evaluate, and evaluating is not a reason to train).
+    workdir = tmp_path / "run"
+    for mode, name in (("sft", "sft.log"), ("eval", "eval.log")):
+        proc = _launch(workdir, tmp_path / name, f"--mode={mode}")
+        proc.wait(timeout=600)
+        out = (tmp_path / name).read_text()
+        assert proc.returncode == 0, out[-5000:]
+    assert "no RL checkpoint" in out, out[-5000:]
+    assert (workdir / "eval_sft.json").exists()
+    assert not read_metrics(workdir, "rl") and not (workdir / "eval_rl.json").exists()
+    assert [r["step"] for r in read_metrics(workdir, "eval")] == [0]

@@ -63,16 +63,28 @@ def run_pipeline(config: ml_collections.ConfigDict, workdir: Path, only: str | N
             before = evaluate(config, sft_params, cfg, data.tokenizer, data.heldout_tasks,
                               out=workdir / "eval_sft.json", expert=data.heldout_expert)  # fmt: skip
             writer.write("eval", 0, before)
-        _phase("RL")
-        rl_params = rl.run(config, workdir, data, writer, sft_params, cfg, data.tokenizer)
+        rl_step, rl_out = config.rl.steps, workdir / "eval_rl.json"
+        if only == "eval":
+            # Evaluation never trains: the RL model is the latest RL checkpoint, if there is one. One taken
+            # before the last step is scored into its own file (eval_rl.json is the finished phase's).
+            rl_step = rl.latest_step(config, workdir)
+            if rl_step is None:
+                logging.info("EVAL: no RL checkpoint in %s yet: the SFT model is all there is", workdir)
+                return {"sft": before}
+            if rl_step < config.rl.steps:
+                rl_out = workdir / f"eval_rl_step{rl_step}.json"
+        else:
+            _phase("RL")
+        rl_params = rl.run(
+            config, workdir, data, writer, sft_params, cfg, data.tokenizer, restore_only=only == "eval"
+        )
         if only == "rl":
             return None
         _phase("EVAL (RL model)")
         after = evaluate(
-            config, rl_params, cfg, data.tokenizer, data.heldout_tasks, out=workdir / "eval_rl.json",
-            expert=data.heldout_expert,
-        )  # fmt: skip
-        writer.write("eval", config.rl.steps, after)
+            config, rl_params, cfg, data.tokenizer, data.heldout_tasks, out=rl_out, expert=data.heldout_expert
+        )
+        writer.write("eval", rl_step, after)
     finally:
         writer.close()
     plot_curves(workdir, {"RL reward": ("rl", "reward_all"), "held-out solve rate": ("eval", "solve_rate")},

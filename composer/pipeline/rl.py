@@ -93,8 +93,27 @@ def has_policy_signal(seqs: list[dict], rl: ml_collections.ConfigDict) -> bool:
     return any(s["advantages"] != 0 for s in seqs)
 
 
-def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, tokenizer):
-    """Runs (or resumes) the RL phase from `init_params` (the SFT model); returns the final params."""
+def _checkpointer(config, workdir: Path) -> Checkpointer:
+    return Checkpointer(
+        workdir / "checkpoints" / "rl", max_to_keep=config.checkpoint.max_to_keep,
+        save_every=config.checkpoint.rl_every_steps,
+    )  # fmt: skip
+
+
+def latest_step(config, workdir: Path) -> int | None:
+    """The step of the RL phase's latest complete checkpoint (None: none yet)."""
+    ckpt = _checkpointer(config, workdir)
+    try:
+        return ckpt.latest_step()
+    finally:
+        ckpt.close()
+
+
+def run(
+    config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, tokenizer, *, restore_only=False
+):
+    """Runs (or resumes) the RL phase from `init_params` (the SFT model); returns the final params. With
+    restore_only it trains nothing: the latest checkpoint's params, or None when there is none."""
     rl = config.rl
     if rl.algorithm not in adv_lib.ADVANTAGES:
         raise ValueError(f"unknown rl.algorithm {rl.algorithm!r}; known: {sorted(adv_lib.ADVANTAGES)}")
@@ -125,14 +144,15 @@ def run(config, workdir: Path, data, writer: MetricsWriter, init_params, cfg, to
                 train.reference_logprobs, cfg=sampler_cfg, temperature=config.sampling.temperature
             )
         )
-    ckpt = Checkpointer(
-        workdir / "checkpoints" / "rl", max_to_keep=config.checkpoint.max_to_keep,
-        save_every=config.checkpoint.rl_every_steps,
-    )  # fmt: skip
+    ckpt = _checkpointer(config, workdir)
     meta = {"step": 0, "version": 0, "stream_position": 0}
-    if ckpt.latest_step() is not None:
+    restored = ckpt.latest_step() is not None
+    if restored:
         learner.state, meta = ckpt.restore(learner.state)
         logging.info("RL: resuming at step %d (policy version %d)", meta["step"], meta["version"])
+    if restore_only:
+        ckpt.close()
+        return learner.params if restored else None
     if meta["step"] >= rl.steps:
         ckpt.close()
         return learner.params
