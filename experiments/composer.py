@@ -137,6 +137,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.rl.tis_cap = 2.0  # truncated importance sampling between sampler and learner log-probs
     c.rl.mask_truncated = True
     c.rl.max_staleness = 1
+    # The share of train tasks whose RL episodes continue the expert's conversation from just before its
+    # edit (composer/pipeline/rl.py:expert_starts), the rest start from the bug report: a reverse
+    # curriculum, so that a model that rarely solves a whole episode still gets signal on its edits.
+    c.rl.expert_start_share = 0.5
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups
     # A batch whose advantages are all zero is not trained on (the step still counts): an update that
@@ -149,7 +153,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
 
     # ---- sampling: the continuous-batching sampler
     c.sampling = ConfigDict()
-    c.sampling.temperature = 1.0
+    # RL rollouts' temperature (the learner scores the same tempered policy). From the expert's reads, the
+    # 300-step SFT model's edits solved 7.5% of 40 train tasks greedily, 2% of 96 episodes at 0.3, 1.4% at
+    # 0.6 (72); the 450-step model's 12.5% greedily, 3% at 0.6, 2% at 1.0 (96 each): a cooler policy
+    # gets more groups with a solved episode, so more updates.
+    c.sampling.temperature = 0.6
     c.sampling.top_p = 1.0
     c.sampling.decode_slots = 16
     c.sampling.steps_per_call = 8  # decode steps per device call

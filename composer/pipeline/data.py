@@ -1,9 +1,10 @@
 """DATA: the task suite (train and held-out splits), expert trajectories for SFT, and the tokenizer.
 
 Outputs in the workdir: tasks/{train,heldout}/ (with a DONE marker once complete), sft_data.jsonl (one
-expert trajectory per line, solved ones only) and tokenizer.json.
+expert trajectory per line, solved ones only, with the task's instance id) and tokenizer.json.
 """
 
+import collections
 import concurrent.futures
 import dataclasses
 import json
@@ -29,6 +30,8 @@ class Data:
     trajectories: list[list[chat.Message]]
     # The expert on the first eval.next_call_tasks held-out tasks: prefixes for next-call accuracy (EVAL).
     heldout_expert: list[list[chat.Message]] = dataclasses.field(default_factory=list)
+    # The train trajectories by task instance id (RL may start episodes from their prefixes).
+    expert_by_task: dict[str, list[chat.Message]] = dataclasses.field(default_factory=dict)
 
 
 def _suite(out: Path, count: int, seed: int, difficulty: int, split: str) -> list:
@@ -42,14 +45,19 @@ def _suite(out: Path, count: int, seed: int, difficulty: int, split: str) -> lis
     return suite
 
 
-def _solve(task_dir: str) -> tuple[str, float, list[dict]]:
+def _solve(task_dir: str) -> tuple[str, str, float, list[dict]]:
     from env import expert
 
-    traj = expert.solve(env_tasks.load_task(Path(task_dir)))
-    return traj.family, traj.reward, [chat.message_to_dict(m) for m in traj.messages]
+    task = env_tasks.load_task(Path(task_dir))
+    traj = expert.solve(task)
+    return task.instance_id, traj.family, traj.reward, [chat.message_to_dict(m) for m in traj.messages]
 
 
-def _trajectories(path: Path, tasks: list, n: int, workers: int, split: str) -> list[list[chat.Message]]:
+def _trajectories(
+    path: Path, tasks: list, n: int, workers: int, split: str
+) -> list[tuple[str | None, list[chat.Message]]]:
+    """(task instance id, messages) of the expert's solved trajectories on tasks[:n], collected once into
+    `path`. The id is None in files written before it was recorded."""
     if not path.exists():
         chosen = [str(t.path) for t in tasks[:n]]
         tmp = path.with_suffix(".tmp")
@@ -60,15 +68,16 @@ def _trajectories(path: Path, tasks: list, n: int, workers: int, split: str) -> 
             tmp.open("w") as f,
             tqdm(total=len(chosen), desc=f"DATA: expert on {split} tasks", unit="task") as bar,
         ):
-            for family, reward, messages in ex.map(_solve, chosen):
+            for instance_id, family, reward, messages in ex.map(_solve, chosen):
                 bar.update()
                 if reward == 1.0:
                     solved += 1
-                    f.write(json.dumps({"family": family, "messages": messages}) + "\n")
+                    record = {"instance_id": instance_id, "family": family, "messages": messages}
+                    f.write(json.dumps(record) + "\n")
         logging.info("DATA: the expert solved %d of %d %s tasks", solved, len(chosen), split)
         tmp.rename(path)
-    lines = path.read_text().splitlines()
-    return [[chat.message_from_dict(m) for m in json.loads(x)["messages"]] for x in lines]
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    return [(r.get("instance_id"), [chat.message_from_dict(m) for m in r["messages"]]) for r in records]
 
 
 def _corpus(trajectories: list[list[chat.Message]], tasks: list) -> list[str]:
@@ -83,6 +92,23 @@ def _with_system(trajectories: list[list[chat.Message]], system: chat.Message) -
     return [[system, *t[1:]] if t and t[0].role == "system" else [system, *t] for t in trajectories]
 
 
+def _by_task(solved: list, trajectories: list, tasks: list) -> dict[str, list[chat.Message]]:
+    """Trajectories by task instance id; a record without one (older files) is matched by its bug report
+    when exactly one task has that report."""
+    by_statement = collections.defaultdict(list)
+    for task in tasks:
+        by_statement[task.problem_statement].append(task.instance_id)
+    out = {}
+    for (instance_id, messages), final in zip(solved, trajectories):
+        if instance_id is None:
+            report = next((m.content for m in messages if m.role == "user"), None)
+            ids = by_statement.get(report, [])
+            instance_id = ids[0] if len(ids) == 1 else None
+        if instance_id is not None:
+            out[instance_id] = final
+    return out
+
+
 def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
     """Builds (or loads, when already in the workdir) the tasks, trajectories and tokenizer."""
     env = config.env
@@ -91,17 +117,16 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
         workdir / "tasks" / "heldout", env.n_heldout_tasks, config.seed, env.difficulty, "heldout"
     )
     n = min(config.sft.n_trajectories, len(train))
-    trajectories = _trajectories(workdir / "sft_data.jsonl", train, n, env.n_workers, "train")
-    trajectories = _with_system(trajectories, rollouts.system_prompt(config))
+    solved = _trajectories(workdir / "sft_data.jsonl", train, n, env.n_workers, "train")
+    trajectories = _with_system([m for _, m in solved], rollouts.system_prompt(config))
+    by_task = _by_task(solved, trajectories, train)
     if not trajectories:
         raise RuntimeError("DATA: the expert solved no task, so there is nothing to learn from")
     n_probe = min(config.eval.next_call_tasks, len(heldout))
-    heldout_expert = _with_system(
-        _trajectories(workdir / "heldout_expert.jsonl", heldout, n_probe, env.n_workers, "held-out")
-        if n_probe
-        else [],
-        rollouts.system_prompt(config),
-    )
+    heldout_expert = []
+    if n_probe:
+        probe = _trajectories(workdir / "heldout_expert.jsonl", heldout, n_probe, env.n_workers, "held-out")
+        heldout_expert = _with_system([m for _, m in probe], rollouts.system_prompt(config))
     tok_path = workdir / "tokenizer.json"
     if config.model.init_from:
         from composer.checkpoints import pretrained_tokenizer
@@ -114,4 +139,4 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
         tokenizer = train_tokenizer(_corpus(trajectories, train[:50]), config.model.vocab_size)
         tokenizer.save(tok_path)
         logging.info("DATA: tokenizer (vocab %d) trained in %.1f s", tokenizer.vocab_size, time.time() - t0)
-    return Data(train, heldout, tokenizer, trajectories, heldout_expert)
+    return Data(train, heldout, tokenizer, trajectories, heldout_expert, by_task)

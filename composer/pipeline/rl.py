@@ -2,7 +2,9 @@
 
 One iteration of the loop, phases as named below:
   ROLLOUT     groups of `rl.group_size` episodes per task stream out of the continuous-batching driver
-              (env.rollout.iter_groups) as soon as each group is complete;
+              (env.rollout.iter_groups) as soon as each group is complete; on a seeded
+              `rl.expert_start_share` of the tasks they continue the expert's conversation from just
+              before its edit (`expert_starts`), on the others they start from the bug report;
   REWARD      each episode's grade (hidden tests in the sandbox); a group whose rewards are all equal carries
               no signal and is dropped (dynamic sampling: the stream simply runs on to replace it), up to
               `rl.dynamic_sampling_budget` x tasks_per_step groups per step, after which such groups are
@@ -23,6 +25,7 @@ One iteration of the loop, phases as named below:
 import collections
 import dataclasses
 import functools
+import hashlib
 import time
 from pathlib import Path
 
@@ -54,6 +57,27 @@ def _task_stream(tasks: list, seed: int, start: int, length: int) -> list:
         order.extend(np.random.default_rng([seed, epoch]).permutation(len(tasks)).tolist())
         epoch += 1
     return [tasks[i] for i in order[start : start + length]]
+
+
+def expert_starts(config: ml_collections.ConfigDict, data) -> dict[str, list]:
+    """The train tasks whose RL episodes continue the expert's conversation from just before its edit, by
+    instance id: a seeded `rl.expert_start_share` of the tasks with a trajectory (the same ones on resume).
+
+    A reverse curriculum for sparse rewards: a model that rarely gets a whole episode right still gets
+    some edits right from the expert's reads, so those groups carry signal on the decision that most
+    often fails (the edit), while the other tasks' groups start from the bug report.
+    """
+    share = config.rl.expert_start_share
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"rl.expert_start_share must lie in [0, 1], got {share}")
+    out = {}
+    for instance_id, messages in sorted(data.expert_by_task.items()):
+        digest = hashlib.sha256(f"{config.seed}/{instance_id}".encode()).digest()
+        u = int.from_bytes(digest[:8], "little") / 2**64
+        prefix = rollouts.before_first_edit(messages)
+        if u < share and prefix is not None:
+            out[instance_id] = prefix
+    return out
 
 
 def _sequences(groups: list[list], algorithm: str) -> tuple[list[dict], np.ndarray]:
@@ -173,6 +197,11 @@ def run(
     per_step = rl.tasks_per_step * (1 + rl.dynamic_sampling_budget if rl.dynamic_sampling else 1)
     n_groups = (rl.steps - meta["step"]) * per_step * _STREAM_SLACK
     stream = _task_stream(data.train_tasks, config.seed, start, n_groups)
+    starts = expert_starts(config, data)
+    if starts:
+        logging.info(
+            "RL: %d of %d train tasks start from the expert's reads", len(starts), len(data.train_tasks)
+        )
     counts = collections.Counter()
     batch: list[list] = []
     step, version = meta["step"], meta["version"]
@@ -183,7 +212,7 @@ def run(
         groups = iter_groups(
             stream, engine, pool, tokenizer=tokenizer, group_size=rl.group_size,
             limits=rollouts.limits(config), max_active=rollouts.max_active(config),
-            prompt_fn=rollouts.prompt_fn(config),
+            prompt_fn=rollouts.prompt_fn(config, starts),
         )  # fmt: skip
         t_rollout = time.time()
         for group in groups:  # ROLLOUT
@@ -199,6 +228,9 @@ def run(
                 continue
             counts["episodes"] += len(group)
             counts["solved"] += sum(r.reward for r in group)
+            if group[0].task_id in starts:
+                counts["episodes_expert_start"] += len(group)
+                counts["solved_expert_start"] += sum(r.reward for r in group)
             if rl.dynamic_sampling and len({r.reward for r in group}) == 1:
                 # Replace it, up to the budget; past it (a policy that solves all or nothing) keep it, so
                 # the run goes on: its advantages are zero, it moves only the auxiliary losses.

@@ -2,7 +2,7 @@
 
 import contextlib
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import jax
 import ml_collections
@@ -11,6 +11,7 @@ from composer import chat
 from composer.sampler import Sampler
 from env.rollout import RolloutLimits
 from env.rollout.driver import INSTRUCTIONS
+from env.rollout.episode import EDIT_TOOLS
 from env.rollout.pool import RolloutPool, make_pool
 from env.tools import offered_tools, tool_schemas
 
@@ -55,10 +56,29 @@ def system_prompt(config: ml_collections.ConfigDict) -> chat.Message:
     return chat.system_message(schemas, INSTRUCTIONS)
 
 
-def prompt_fn(config: ml_collections.ConfigDict) -> Callable[[object], list[chat.Message]]:
-    """The opening messages of an episode on a task: the system turn, then the bug report."""
+def prompt_fn(
+    config: ml_collections.ConfigDict, starts: Mapping[str, list[chat.Message]] | None = None
+) -> Callable[[object], list[chat.Message]]:
+    """The opening messages of an episode on a task: the system turn, then the bug report; or, for a task
+    whose instance id is in `starts`, those messages (a conversation to continue)."""
     system = system_prompt(config)
-    return lambda task: [system, chat.Message("user", task.problem_statement)]
+    starts = starts or {}
+
+    def fn(task) -> list[chat.Message]:
+        if task.instance_id in starts:
+            return list(starts[task.instance_id])
+        return [system, chat.Message("user", task.problem_statement)]
+
+    return fn
+
+
+def before_first_edit(messages: Sequence[chat.Message]) -> list[chat.Message] | None:
+    """The messages before the first assistant turn that calls an editing tool (None if none does). The
+    turns before it only read, so the conversation holds for the task's unchanged workspace."""
+    for i, m in enumerate(messages):
+        if m.role == "assistant" and any(c.name in EDIT_TOOLS for c in m.tool_calls):
+            return list(messages[:i])
+    return None
 
 
 def make_sampler(
