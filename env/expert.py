@@ -313,7 +313,12 @@ def diagnosis_sentence(family: str, patch: str, function: str) -> str:
 
 
 def _diagnosis(family: str, patch: str, function: str) -> str:
-    return f"Found it: {diagnosis_sentence(family, patch, function)} Let me fix it."
+    """The text before the edit: short, and restating no code. The edit's call carries the old and new
+    lines; a sentence that spelt them out as well doubled what a model must get right, and a small
+    model's slips there (a family's phrase mixed with another's, a line half copied) were copied on into
+    its call."""
+    del family, patch
+    return f"Found the bug in `{function}`. Let me fix it."
 
 
 def _replacement(text: str, body: list[str]) -> tuple[str, str]:
