@@ -7,15 +7,15 @@ The expert works like a careful developer, one assistant turn at a time, each wi
 its calls:
 
 1. REPRODUCE: run the tests.
-2. SEARCH: grep for the definition of the entry point the bug report calls.
-3. READ: that definition and the failing test, two read_file calls in one turn (run in parallel).
-4. TRACE: for each call on the way down to the buggy helper, grep for its definition and read it.
-5. EDIT: one search_replace whose old_string is text of the file as the read showed it.
-6. VERIFY: run the tests again; then a short final message without calls.
+2. SEARCH: grep for the definition of the entry point the bug report calls and for the failing test, two
+   calls in one turn (run in parallel), each with context lines after the match, which show the code.
+3. TRACE: for each call on the way down to the buggy helper, grep for its definition the same way.
+4. EDIT: one search_replace whose old_string is text of the file as a grep showed it.
+5. VERIFY: run the tests again; then a short final message without calls.
 
 It decides with the task's metadata (the gold patch and the call chain from the entry point to the bug),
-but every fact its messages state or its calls use comes from an earlier tool result: line numbers from grep,
-code from read_file. Reads are narrowed to the function (offset/limit) to keep trajectories short.
+but every fact its messages state or its calls use comes from an earlier tool result: names from the report
+and the test run, code from grep.
 """
 
 import ast
@@ -37,6 +37,11 @@ INSTRUCTIONS = (
     "When the tests pass, reply with a short summary and no tool call."
 )
 TEST_COMMAND = "python -m pytest -q --tb=short tests"
+# Lines after a definition's first line that the expert's grep shows (more for a longer function): every
+# function at difficulty 1 fits, the longest being 13 lines. And after a test's first line (tests are at
+# most 7 lines long).
+DEFINITION_CONTEXT = 12
+TEST_CONTEXT = 6
 EDIT_TOOLS = ("search_replace", "write", "delete_file")
 READ_TOOLS = ("read_file", "grep", "codebase_search", "glob_file_search", "list_dir")
 
@@ -107,6 +112,15 @@ class _Expert:
                 return any(n in READ_TOOLS for earlier in self.turn_tools[:i] for n in earlier)
         return None
 
+    def _grep_definition(self, step: dict) -> ToolCall:
+        """grep for the definition of `step`'s function, with enough context lines to show all of it."""
+        start, end = _span(self.ctx.workspace / step["file"], step["function"])
+        return _grep_with_context(_definition_pattern(step["function"]), max(DEFINITION_CONTEXT, end - start))
+
+    def _grep_test(self, file: str, qualname: str) -> ToolCall:
+        start, end = _span(self.ctx.workspace / file, qualname)
+        return _grep_with_context(rf"def {qualname.split('.')[-1]}\(", max(TEST_CONTEXT, end - start))
+
     # -- the plan --------------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -127,72 +141,49 @@ class _Expert:
             [_terminal(TEST_COMMAND)],
         )
 
-        # 2. SEARCH for the entry point the report calls, over the whole workspace: only the definition
-        # matches anyway, and the call then names nothing the report does not (the package name is
-        # tokenized differently after a space than at the start of a path).
+        # 2. SEARCH for the entry point the report calls and for the failing test, two greps in one turn
+        # (run in parallel), each showing the lines after its match: the definition's body and the test's.
+        # Both patterns are names the report and the test run printed, and the context lengths are
+        # constants, so the whole turn is a copy; a read_file's offset and limit (where a function starts
+        # and how long it is) are numbers a model would have to guess. Over the whole workspace: only the
+        # definition matches anyway, and the call then names nothing the report does not.
         entry = chain[0]
-        pattern = _definition_pattern(entry["function"])
         shown = _display(entry["function"])
+        test_name = shown_test.split(".")[-1]
         if entry["function"].endswith(".__init__"):
             options = (
-                "The problem starts when a `{f}` is created. Let me find the class.",
-                "Let me find `{f}`.",
+                "The problem starts when a `{f}` is created. Let me find the class and the failing test.",
+                "Let me find `{f}` and the test `{t}`.",
             )
         else:
             options = (
-                "The failing call goes through `{f}`. Let me find its definition.",
-                "`{f}` gives the wrong result. Let me find where it is defined.",
-                "Let me locate `{f}`.",
+                "The failing call goes through `{f}`. Let me find its definition and the failing test.",
+                "`{f}` gives the wrong result. Let me look at its definition and at the test `{t}`.",
+                "Let me find `{f}` and the test `{t}`.",
             )
-        found = self.turn(
-            self.say(options, f=shown),
-            [ToolCall("grep", {"pattern": pattern})],
-        )
-        entry_line = _grep_line(found[0].text, entry["file"])
-
-        # 3. READ the entry point and the failing test together. The definition comes first: its path and
-        # line are the grep result just above, so the call is a copy of it (after a read of the test, the
-        # same "target_file" would invite repeating the test's path).
-        test_span = _span(self.ctx.workspace / shown_file, shown_test)
-        entry_span = _span(self.ctx.workspace / entry["file"], entry["function"], entry_line)
         self.turn(
-            self.say(
-                (
-                    "Let me read `{f}` and the failing test.",
-                    "I'll look at `{f}` and at the test side by side.",
-                    "Reading the code of `{f}` and the test `{t}`.",
-                ),
-                f=shown,
-                t=shown_test,
-            ),
-            [_read(entry["file"], entry_span), _read(shown_file, test_span)],
+            self.say(options, f=shown, t=test_name),
+            [self._grep_definition(entry), self._grep_test(shown_file, shown_test)],
         )
 
-        # 4. TRACE down the calls to the buggy function.
+        # 3. TRACE down the calls to the buggy function.
         previous = entry
         for step in chain[1:]:
-            name = _display(step["function"])
-            found = self.turn(
+            self.turn(
                 self.say(
                     (
                         "`{p}` delegates to `{n}`. Let me find it.",
-                        "The result comes from `{n}`, called in `{p}`. Let me look for its definition.",
+                        "The result comes from `{n}`, called in `{p}`. Let me look at its definition.",
                         "`{p}` itself looks right; it calls `{n}`. Searching for it.",
                     ),
                     p=_display(previous["function"]),
-                    n=name,
+                    n=_display(step["function"]),
                 ),
-                [ToolCall("grep", {"pattern": _definition_pattern(step["function"])})],
-            )
-            line = _grep_line(found[0].text, step["file"])
-            span = _span(self.ctx.workspace / step["file"], step["function"], line)
-            self.turn(
-                self.say(("Let me read `{n}`.", "Reading `{n}`.", "Let me see `{n}`."), n=name),
-                [_read(step["file"], span)],
+                [self._grep_definition(step)],
             )
             previous = step
 
-        # 5. EDIT: the gold patch, as search_replace calls on the text just read.
+        # 4. EDIT: the gold patch, as search_replace calls on the text just read.
         diagnosis = _diagnosis(meta["family"], self.task.patch, _display(bug["function"]))
         for file_patch in parse_patch(self.task.patch):
             text = (self.ctx.workspace / file_patch.path).read_text()
@@ -210,7 +201,7 @@ class _Expert:
                 text = text.replace(old, new, 1)
                 diagnosis = "And the next change in the same fix."
 
-        # 6. VERIFY and finish.
+        # 5. VERIFY and finish.
         results = self.turn(
             self.say(
                 ("Now let me run the tests again.", "Let me re-run the tests.", "Running the tests again.")
@@ -242,8 +233,8 @@ def _terminal(command: str) -> ToolCall:
     return ToolCall("run_terminal_cmd", {"command": command, "is_background": False})
 
 
-def _read(path: str, span: tuple[int, int]) -> ToolCall:
-    return ToolCall("read_file", {"target_file": path, "offset": span[0], "limit": span[1] - span[0] + 1})
+def _grep_with_context(pattern: str, after: int) -> ToolCall:
+    return ToolCall("grep", {"pattern": pattern, "-A": after})
 
 
 def _display(qualname: str) -> str:
@@ -257,18 +248,9 @@ def _definition_pattern(qualname: str) -> str:
     return rf"def {qualname.split('.')[-1]}\("
 
 
-def _grep_line(text: str, file: str) -> int | None:
-    """The line number grep reported for `file` (`path:line:text` lines), if any."""
-    for line in text.splitlines():
-        m = re.match(r"^(.*?):(\d+):", line)
-        if m and m.group(1).removeprefix("/workspace/").removeprefix("./") == file:
-            return int(m.group(2))
-    return None
-
-
-def _span(path: Path, qualname: str, line: int | None = None) -> tuple[int, int]:
+def _span(path: Path, qualname: str) -> tuple[int, int]:
     """First and last line of function (or test) `qualname` in `path` (a constructor: the class header
-    through __init__). `line`, where grep gave it, is where the definition starts."""
+    through __init__)."""
     tree = ast.parse(path.read_text())
     parts = qualname.split(".")
     scope = tree.body
@@ -276,7 +258,7 @@ def _span(path: Path, qualname: str, line: int | None = None) -> tuple[int, int]
     for part in parts:
         node = next(n for n in scope if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == part)
         scope = node.body
-    start = line or node.lineno
+    start = node.lineno
     if parts[-1] == "__init__":  # from the class line (where grep found `class X`)
         start = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == parts[0]).lineno
     return start, node.end_lineno

@@ -176,7 +176,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.env.rollout_backend = "local"  # 'local' (worker processes here) | 'ray' (workers across a cluster)
     c.env.ray_address = ""  # for 'ray': '' = RAY_ADDRESS if set, else a local cluster; or 'host:port'
     c.env.isolation = "auto"  # 'auto' | 'bwrap' | 'unshare' | 'none'
-    c.env.max_turns = 8  # the expert takes 6 at difficulty 1
+    c.env.max_turns = 8  # the expert takes 5 at difficulty 1
     c.env.max_episode_tokens = 2048
     c.env.episode_timeout_s = 120.0
     c.env.command_timeout_s = 30.0
@@ -184,10 +184,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # argument names and types only: several times fewer tokens, for small models trained on the CPU).
     c.env.tool_schemas = "compact"
     # The tools episodes are offered, comma-separated ('' : all eleven); a call to another is answered as
-    # an unknown tool. The default offers the four the expert's trajectories use: the other seven schemas
-    # are 246 of the system prompt's 620 tokens, in every sequence trained on and every prompt prefilled,
-    # for tools this model never sees called.
-    c.env.tools = "run_terminal_cmd,grep,read_file,search_replace"
+    # an unknown tool. The default offers the three the expert's trajectories use (it reads code through
+    # grep's context lines): the other schemas are most of the system prompt, in every sequence trained on
+    # and every prompt prefilled, for tools this model never sees called.
+    c.env.tools = "run_terminal_cmd,grep,search_replace"
 
     # ---- eval
     c.eval = ConfigDict()
@@ -195,7 +195,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.eval.temperature = 0.0  # 0: greedy
     c.eval.every_steps = 20
     # Held-out tasks whose expert trajectories score next-call accuracy in EVAL (0: off). Each costs about
-    # five generated turns per EVAL.
+    # four generated turns per EVAL.
     c.eval.next_call_tasks = 12
 
     # ---- checkpoint

@@ -7,15 +7,15 @@ import re
 
 import pytest
 
-from composer.chat import ToolCall, render_text
-from env.expert import TEST_COMMAND, _grep_line, _replacement, solve
+from composer.chat import render_text
+from env.expert import TEST_COMMAND, _replacement, solve
 from env.tasks import FAMILIES, generate_task, split_seed
 from env.tools import TOOL_NAMES
 
 
-def _numbered_text(tool_text: str) -> str:
-    """The file text a read_file result shows (line-number gutters removed)."""
-    return "".join(m.group(1) + "\n" for m in re.finditer(r"^ *\d+\|(.*)$", tool_text, re.M))
+def _shown_text(tool_text: str) -> str:
+    """The file text a grep result shows (`path:line:text` matches and `path-line-text` context lines)."""
+    return "".join(m.group(1) + "\n" for m in re.finditer(r"^[^\s:]+?[-:]\d+[-:](.*)$", tool_text, re.M))
 
 
 def test_trajectory_shape(tmp_path):
@@ -41,14 +41,14 @@ def test_trajectory_shape(tmp_path):
     names = [[c.name for c in m.tool_calls] for m in turns]
     assert names[0] == ["run_terminal_cmd"] and names[-2] == ["run_terminal_cmd"]
     assert turns[0].tool_calls[0].arguments == {"command": TEST_COMMAND, "is_background": False}
-    assert names[1] == ["grep"]
-    assert ["read_file", "read_file"] in names  # parallel reads in one turn
+    assert names[1] == ["grep", "grep"]  # the definition and the failing test, in parallel
+    assert all(c.arguments["-A"] >= 6 for c in turns[1].tool_calls)
     edit_turn = next(i for i, n in enumerate(names) if "search_replace" in n)
     assert any("grep" in n or "read_file" in n for n in names[:edit_turn])
-    # The edit replaces text that a read earlier in the conversation showed.
+    # The edit replaces text that a grep earlier in the conversation showed.
     edit = turns[edit_turn].tool_calls[0]
     shown = "".join(
-        _numbered_text(m.content) for m in messages[: messages.index(turns[edit_turn])] if m.role == "tool"
+        _shown_text(m.content) for m in messages[: messages.index(turns[edit_turn])] if m.role == "tool"
     )
     assert edit.arguments["old_string"] in shown
     assert edit.arguments["file_path"] == task.metadata["bug"]["file"]
@@ -72,12 +72,6 @@ def test_replacement_widens_until_unique():
     # An insertion is anchored on the line before it.
     old, new = _replacement("def f():\n    y = 2\n", [" def f():\n", "     y = 2\n", "+    return y\n"])
     assert (old, new) == ("    y = 2", "    y = 2\n    return y")
-
-
-def test_grep_line():
-    text = "pkg/a.py:12:    def go(self):\npkg/b.py:3:def go():\n"
-    assert _grep_line(text, "pkg/b.py") == 3 and _grep_line(text, "pkg/c.py") is None
-    assert ToolCall("grep", {"pattern": "x"}).name == "grep"
 
 
 @pytest.mark.slow
