@@ -19,8 +19,12 @@ SUMMARY_ROWS = (
     ("tool calls per episode", "tool_calls_per_episode", "{:.2f}"),
     ("tool-call error rate", "tool_error_rate", "{:.1%}"),
     ("turns with parallel calls", "parallel_turn_share", "{:.1%}"),
-    ("searched/read before editing", "searched_before_edit_share", "{:.1%}"),
+    ("episodes with an edit call", "edited_share", "{:.1%}"),
+    ("  of those, searched/read first", "searched_before_edit_share", "{:.1%}"),
     ("truncated episodes", "truncated_share", "{:.1%}"),
+    ("  by the turn limit", "truncated_turns_share", "{:.1%}"),
+    ("  by the token limit", "truncated_tokens_share", "{:.1%}"),
+    ("  by the time limit", "truncated_time_share", "{:.1%}"),
     ("tokens/s (sampler)", "tokens_per_s", "{:.0f}"),
     ("next call right (expert prefix)", "next_call_accuracy", "{:.1%}"),
 )

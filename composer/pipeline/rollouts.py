@@ -113,8 +113,12 @@ def limits(config: ml_collections.ConfigDict) -> RolloutLimits:
     return RolloutLimits.from_config(config)
 
 
+TRUNCATIONS = ("turns", "tokens", "time")  # the limits that can cut an episode (env/rollout/episode.py)
+
+
 def episode_stats(results: list) -> dict[str, float]:
-    """Held-out style statistics of finished episodes (EpisodeResult list)."""
+    """Held-out style statistics of finished episodes (EpisodeResult list). `searched_before_edit_share`
+    is over the episodes that made an edit call (`edited_share` of them)."""
     graded = [r for r in results if r.reward is not None]
     turns = sum(r.n_turns for r in results)
     calls = sum(r.n_tool_calls for r in results)
@@ -126,8 +130,13 @@ def episode_stats(results: list) -> dict[str, float]:
         "tool_calls_per_episode": calls / max(len(results), 1),
         "tool_error_rate": sum(r.n_tool_errors for r in results) / max(calls, 1),
         "parallel_turn_share": sum(r.n_parallel_turns for r in results) / max(turns, 1),
+        "edited_share": len(edited) / max(len(results), 1),
         "searched_before_edit_share": sum(bool(r.searched_before_edit) for r in edited) / max(len(edited), 1),
         "truncated_share": sum(r.truncated for r in results) / max(len(results), 1),
+        **{
+            f"truncated_{limit}_share": sum(r.truncation == limit for r in results) / max(len(results), 1)
+            for limit in TRUNCATIONS
+        },
         "restarts": sum(r.restarts for r in results),
         "errors": sum(r.error is not None for r in results),
         "mean_tokens": statistics.fmean(len(r.ids) for r in results) if results else 0.0,
