@@ -112,14 +112,15 @@ class _Expert:
                 return any(n in READ_TOOLS for earlier in self.turn_tools[:i] for n in earlier)
         return None
 
-    def _grep_definition(self, step: dict) -> ToolCall:
-        """grep for the definition of `step`'s function, with enough context lines to show all of it."""
-        start, end = _span(self.ctx.workspace / step["file"], step["function"])
-        return _grep_with_context(_definition_pattern(step["function"]), max(DEFINITION_CONTEXT, end - start))
-
-    def _grep_test(self, file: str, qualname: str) -> ToolCall:
+    def _grep_code(self, file: str, qualname: str, pattern: str, at_least: int) -> ToolCall:
+        """grep for `pattern` (the first line of `qualname` in `file`) with at least `at_least` context lines
+        after the match, and enough to show all of `qualname`."""
         start, end = _span(self.ctx.workspace / file, qualname)
-        return _grep_with_context(rf"def {qualname.split('.')[-1]}\(", max(TEST_CONTEXT, end - start))
+        return ToolCall("grep", {"pattern": pattern, "-A": max(at_least, end - start)})
+
+    def _grep_definition(self, step: dict) -> ToolCall:
+        pattern = _definition_pattern(step["function"])
+        return self._grep_code(step["file"], step["function"], pattern, DEFINITION_CONTEXT)
 
     # -- the plan --------------------------------------------------------------------------------------
 
@@ -163,7 +164,10 @@ class _Expert:
             )
         self.turn(
             self.say(options, f=shown, t=test_name),
-            [self._grep_definition(entry), self._grep_test(shown_file, shown_test)],
+            [
+                self._grep_definition(entry),
+                self._grep_code(shown_file, shown_test, rf"def {test_name}\(", TEST_CONTEXT),
+            ],
         )
 
         # 3. TRACE down the calls to the buggy function.
@@ -184,7 +188,7 @@ class _Expert:
             previous = step
 
         # 4. EDIT: the gold patch, as search_replace calls on the text just read.
-        diagnosis = _diagnosis(meta["family"], self.task.patch, _display(bug["function"]))
+        diagnosis = _diagnosis(_display(bug["function"]))
         for file_patch in parse_patch(self.task.patch):
             text = (self.ctx.workspace / file_patch.path).read_text()
             for _, body in file_patch.hunks:
@@ -231,10 +235,6 @@ class _Expert:
 
 def _terminal(command: str) -> ToolCall:
     return ToolCall("run_terminal_cmd", {"command": command, "is_background": False})
-
-
-def _grep_with_context(pattern: str, after: int) -> ToolCall:
-    return ToolCall("grep", {"pattern": pattern, "-A": after})
 
 
 def _display(qualname: str) -> str:
@@ -294,12 +294,11 @@ def diagnosis_sentence(family: str, patch: str, function: str) -> str:
     return f"`{old}` {what}; it should be `{new}`."
 
 
-def _diagnosis(family: str, patch: str, function: str) -> str:
+def _diagnosis(function: str) -> str:
     """The text before the edit: short, and restating no code. The edit's call carries the old and new
     lines; a sentence that spelt them out as well doubled what a model must get right, and a small
     model's slips there (a family's phrase mixed with another's, a line half copied) were copied on into
     its call."""
-    del family, patch
     return f"Found the bug in `{function}`. Let me fix it."
 
 
