@@ -24,6 +24,10 @@ def bucket_length(n: int, *, multiple: int = 64, max_len: int | None = None) -> 
     return min(length, max_len) if max_len else length
 
 
+# Per-sequence values that ride along with the tokens (one per row).
+SCALARS = ("advantages", "rewards", "truncated", "off_policy")
+
+
 def pack_sequences(
     sequences: Sequence[dict],
     *,
@@ -35,10 +39,10 @@ def pack_sequences(
     """Pads and stacks sequences into [m, b, t] arrays (m = micro-batches of b = micro_batch rows).
 
     Each sequence is a dict with 'tokens' [n] and 'loss_mask' [n] and optionally 'sampler_logprobs' [n]
-    (token-aligned) and per-sequence scalars 'advantages', 'rewards', 'truncated'. Rows beyond the data
-    are empty (positions -1, mask 0) so the batch shape stays fixed; sequences longer than max_len are cut
-    (their tail carries no loss). Returns tokens, positions (-1 on padding), loss_mask, and the optional
-    fields.
+    (token-aligned) and per-sequence scalars 'advantages', 'rewards', 'truncated', 'off_policy'. Rows
+    beyond the data are empty (positions -1, mask 0) so the batch shape stays fixed; sequences longer than
+    max_len are cut (their tail carries no loss). Returns tokens, positions (-1 on padding), loss_mask,
+    and the optional fields.
     """
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["tokens"]))
     n_rows = -(-max(len(sequences), 1) // micro_batch) * micro_batch
@@ -52,7 +56,7 @@ def pack_sequences(
     has_logprobs = bool(sequences) and "sampler_logprobs" in sequences[0]
     if has_logprobs:
         out["sampler_logprobs"] = np.zeros((n_rows, t), np.float32)
-    scalars = [k for k in ("advantages", "rewards", "truncated") if sequences and k in sequences[0]]
+    scalars = [k for k in SCALARS if sequences and k in sequences[0]]
     for k in scalars:
         out[k] = np.zeros((n_rows,), bool if k == "truncated" else np.float32)
     for row, i in enumerate(order):

@@ -160,13 +160,20 @@ def reference_logprobs(ref_params: PyTree, batch: dict, cfg: model.ModelConfig, 
 
 def _policy_loss(logp, entropy, aux: dict, batch: dict, cfg: model.ModelConfig, hp: RLHParams):
     mask = batch["loss_mask"].astype(jnp.float32)
+    sampler_logprobs = batch["sampler_logprobs"]
+    if "off_policy" in batch:
+        # Sequences the sampler never drew (the expert's, composer/pipeline/rl.py:guide_sequence) have no
+        # behaviour log-probs: scored as if sampled from the current policy (IS weight 1, ratio 1), their
+        # gradient is advantage x grad log p, a weighted likelihood step.
+        off = batch["off_policy"][:, None] > 0
+        sampler_logprobs = jnp.where(off, jax.lax.stop_gradient(logp), sampler_logprobs)
     loss, sums = losses.policy_loss(
         logp,
         batch["advantages"],
         mask,
         clip_low=hp.clip_low,
         clip_high=hp.clip_high,
-        sampler_logprobs=batch["sampler_logprobs"],
+        sampler_logprobs=sampler_logprobs,
         tis_cap=hp.tis_cap,
         ref_logprobs=batch["ref_logprobs"] if hp.kl_coef > 0 else None,
         kl_coef=hp.kl_coef,

@@ -18,14 +18,33 @@ from composer.metrics import MetricsWriter
 from composer.pipeline import learner as learner_lib
 from composer.pipeline.data import Data
 from composer.tokenizer import render
+from env.rollout.episode import EDIT_TOOLS
 
 
-def sequences(data: Data) -> list[dict]:
-    """Each trajectory as token ids with the loss on the expert's (assistant) tokens only."""
+def turn_spans(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s in `mask`: one per assistant turn (`render` always puts a non-loss
+    token, the newline after `<|im_end|>`, between two turns)."""
+    padded = np.concatenate([[0], np.asarray(mask) > 0, [0]]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
+
+
+def sequences(data: Data, edit_weight: float = 1.0) -> list[dict]:
+    """Each trajectory as token ids with the loss on the expert's (assistant) tokens only; the tokens of a
+    turn that edits a file weigh `edit_weight` times the others."""
     out = []
     for messages in data.trajectories:
         ids, mask = render(messages, data.tokenizer)
-        out.append({"tokens": ids, "loss_mask": mask})
+        weights = mask.astype(np.float32)
+        if edit_weight != 1.0:
+            turns = [m for m in messages if m.role == "assistant"]
+            spans = turn_spans(mask)
+            if len(spans) != len(turns):
+                raise AssertionError(f"{len(turns)} assistant turns rendered as {len(spans)} loss spans")
+            for m, (start, end) in zip(turns, spans):
+                if any(tc.name in EDIT_TOOLS for tc in m.tool_calls):
+                    weights[start:end] *= edit_weight
+        out.append({"tokens": ids, "loss_mask": weights})
     return out
 
 
@@ -66,7 +85,7 @@ def run(config: ml_collections.ConfigDict, workdir: Path, data: Data, writer: Me
         ckpt.close()
         return learner.params, cfg
     finish_saves_on_sigterm(ckpt)
-    seqs = sequences(data)
+    seqs = sequences(data, config.sft.edit_weight)
     lengths = np.array([len(s["tokens"]) for s in seqs])
     logging.info(
         "SFT: %d trajectories, tokens per trajectory: mean %d, max %d",

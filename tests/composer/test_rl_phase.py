@@ -3,6 +3,7 @@ conversation."""
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from composer import chat
@@ -109,3 +110,41 @@ def test_trajectories_are_matched_to_their_tasks():
     # Recorded ids win; older records without one are matched by their report when it is unique ("B" is
     # the report of two tasks, so that record is left out).
     assert by_task == {"t0": finals[0], "t3": finals[1], "t2": finals[3]}
+
+
+def _tokenizer(messages):
+    from composer import tokenizer as tk
+
+    return tk.train_tokenizer([chat.render_text(messages)] * 10, vocab_size=300)
+
+
+def test_the_expert_guide_trains_only_its_turns_after_the_prefix():
+    from composer.tokenizer import render, render_prompt
+
+    messages = _conversation(edit=True)
+    prefix = rollouts.before_first_edit(messages)
+    tok = _tokenizer(messages)
+    guide = rl.guide_sequence(messages, prefix, tok)
+    ids, mask = render(messages, tok)
+    np.testing.assert_array_equal(guide["tokens"], ids)
+    # The policy's episodes from that start see exactly these tokens first.
+    n = len(render_prompt(prefix, tok)) - len(tok.encode("<|im_start|>assistant\n"))
+    assert not guide["loss_mask"][:n].any()
+    after = [m for m in messages[len(prefix) :] if m.role == "assistant"]
+    want = sum(len(tok.encode(chat.assistant_body(m) + "<|im_end|>")) for m in after)
+    assert guide["loss_mask"].sum() == want == mask[n:].sum()
+    assert guide["rewards"] == 1.0 and guide["off_policy"] == 1.0 and not guide["truncated"]
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "drgrpo", "rloo"])
+def test_a_guide_gives_an_unsolved_group_signal(algorithm):
+    guide = {"tokens": np.array([1, 2, 3, 4], np.int32), "loss_mask": np.array([0, 0, 1, 1], np.float32),
+             "sampler_logprobs": np.zeros(4, np.float32), "rewards": 1.0, "truncated": False,
+             "off_policy": 1.0}  # fmt: skip
+    seqs, rewards = rl._sequences(_groups([[0, 0, 0], [0, 0, 0]]), algorithm, [guide, None])
+    assert rewards.shape == (2, 3) and not rewards.any()  # the episodes' rewards only
+    assert len(seqs) == 7
+    adv = [s["advantages"] for s in seqs]
+    assert adv[3] > 0 and all(a < 0 for a in adv[:3]) and adv[4:] == [0.0, 0.0, 0.0]
+    assert [s["off_policy"] for s in seqs] == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert rl.has_policy_signal(seqs, experiment.get_config().rl)

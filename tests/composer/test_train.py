@@ -138,3 +138,30 @@ def test_ppo_steps_fit_the_critic_and_move_the_policy():
     assert np.any(np.asarray(state.params["value_head"]["w"]))
     moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), state.params["unembed"], params["unembed"])
     assert moved > 0
+
+
+def test_off_policy_rows_are_a_weighted_likelihood_step():
+    """A row flagged off_policy (the expert's, never sampled) has IS weight 1 and ratio 1 whatever its
+    sampler_logprobs hold, so d loss / d logp = -A * mask / count; an on-policy row with the same garbage
+    log-probs is weighted by the capped IS ratio instead."""
+    cfg0 = model.ModelConfig(**{**CFG.__dict__, "aux_loss_coef": 0.0, "z_loss_coef": 0.0})
+    aux = {"load_balance_loss": jnp.zeros(()), "router_z_loss": jnp.zeros(())}
+    mask = jnp.array([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    batch = {
+        "loss_mask": mask,
+        "advantages": jnp.array([2.0, 2.0]),
+        "sampler_logprobs": jnp.full((2, 3), -30.0),  # far below logp: the raw IS weight is huge
+        "truncated": jnp.array([False, False]),
+        "off_policy": jnp.array([1.0, 0.0]),
+    }
+    hp = train.RLHParams(aggregation="token_mean", tis_cap=2.0)
+    logp = jnp.full((2, 3), -1.0)
+    entropy = jnp.zeros((2, 3))
+
+    def loss(lp):
+        total, sums = train._policy_loss(lp, entropy, aux, batch, cfg0, hp)
+        return total / sums["loss"].count
+
+    grad = np.asarray(jax.grad(loss)(logp))
+    np.testing.assert_allclose(grad[0], [0.0, -2.0 / 4, -2.0 / 4], rtol=1e-6)
+    np.testing.assert_allclose(grad[1], [0.0, -2.0 * 2.0 / 4, -2.0 * 2.0 / 4], rtol=1e-6)  # capped at 2

@@ -1,0 +1,47 @@
+"""SFT sequences: the loss on the expert's turns, with the edit turn weighted by sft.edit_weight."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from composer import chat
+from composer import tokenizer as tk
+from composer.pipeline import sft
+
+
+def _trajectory() -> list[chat.Message]:
+    grep = chat.ToolCall("grep", {"pattern": "def total\\("})
+    edit = chat.ToolCall(
+        "search_replace", {"file_path": "m.py", "old_string": "a - b", "new_string": "a + b"}
+    )
+    return [
+        chat.Message("system", "sys"),
+        chat.Message("user", "Bug: wrong total"),
+        chat.Message("assistant", "Searching.", [grep]),
+        chat.Message("tool", "m.py:1:def total(a, b):"),
+        chat.Message("assistant", "Fixing it.", [edit]),
+        chat.Message("tool", "updated"),
+        chat.Message("assistant", "Done."),
+    ]
+
+
+def test_turn_spans_are_the_runs_of_ones():
+    assert sft.turn_spans(np.array([0, 1, 1, 0, 0, 1, 0, 1])) == [(1, 3), (5, 6), (7, 8)]
+    assert sft.turn_spans(np.zeros(4)) == []
+
+
+def test_the_edit_turn_weighs_edit_weight_times_the_others():
+    traj = _trajectory()
+    tok = tk.train_tokenizer([chat.render_text(traj)] * 10, vocab_size=300)
+    data = SimpleNamespace(trajectories=[traj], tokenizer=tok)
+    plain = sft.sequences(data)[0]
+    weighted = sft.sequences(data, edit_weight=3.0)[0]
+    np.testing.assert_array_equal(plain["tokens"], weighted["tokens"])
+    spans = sft.turn_spans(plain["loss_mask"])
+    assert len(spans) == 3  # one per assistant turn
+    edit_len = len(tok.encode(chat.assistant_body(traj[4]) + "<|im_end|>"))
+    assert spans[1][1] - spans[1][0] == edit_len
+    w = weighted["loss_mask"]
+    for k, (s, e) in enumerate(spans):
+        assert (w[s:e] == (3.0 if k == 1 else 1.0)).all()
+    assert w.sum() == plain["loss_mask"].sum() + 2.0 * edit_len
