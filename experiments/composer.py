@@ -131,7 +131,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # ---- rl: GRPO / PPO
     c.rl = ConfigDict()
     c.rl.algorithm = "grpo"  # advantage estimator: 'grpo' | 'drgrpo' | 'rloo' | 'gae' (PPO)
-    c.rl.learning_rate = 1e-4
+    # With guidance (below) every step updates. On the default SFT model, 4 guided steps at 1e-4 left the
+    # held-out solve rate at 4.0%, at 5e-4 took it to 6.0%, at 1e-3 to 0.0% (the policy broke).
+    c.rl.learning_rate = 3e-4
     c.rl.steps = 4
     c.rl.tasks_per_step = 4
     c.rl.group_size = 4
@@ -145,8 +147,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # edit (composer/pipeline/rl.py:expert_starts), the rest start from the bug report: a reverse
     # curriculum, so that a model that rarely solves a whole episode still gets signal on its edits.
     c.rl.expert_start_share = 0.5
-    # And in each such group, the expert's own continuation joins as one more member (reward 1, off-policy):
-    # guidance for a policy whose sampled edits rarely succeed, so those groups always carry signal.
+    # Guidance: each group takes the expert's own continuation from the group's start as one more member
+    # (reward 1, trained off-policy), for a policy whose sampled episodes rarely succeed (the default SFT
+    # model's edits from the expert's reads: 2 of 128 at 0.6); every group then carries signal.
     c.rl.expert_guidance = True
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups

@@ -148,3 +148,12 @@ def test_a_guide_gives_an_unsolved_group_signal(algorithm):
     assert adv[3] > 0 and all(a < 0 for a in adv[:3]) and adv[4:] == [0.0, 0.0, 0.0]
     assert [s["off_policy"] for s in seqs] == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     assert rl.has_policy_signal(seqs, experiment.get_config().rl)
+
+
+def test_a_guide_from_the_report_trains_every_expert_turn():
+    from composer.tokenizer import render
+
+    messages = _conversation(edit=True)
+    tok = _tokenizer(messages)
+    guide = rl.guide_sequence(messages, None, tok)
+    np.testing.assert_array_equal(guide["loss_mask"], render(messages, tok)[1])
