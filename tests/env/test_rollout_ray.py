@@ -73,19 +73,30 @@ def test_actor_killed_mid_episode_is_replaced_and_the_episode_completes(suite, p
     tasks, trajectories, tok = suite
     slow_turn = chat.Message("assistant", "Checking the environment first.", [SLOW])
     engine = _replay(tasks, trajectories, tok, prefix=[slow_turn])
-    killed, workspaces = [], []
+    killed, workspaces, started, target = [], [], set(), []
     submit, poll = pool.submit_calls, pool.poll
 
+    def kill_when_running():
+        """Kills the target's actor 0.3 s after its slow call was sent and its workspace reported: the
+        call is running then. (Killed before the 'started' event, the actor takes its half-made workspace
+        with it, which make_workspace sweeps later, and there is no first workspace to check.)"""
+        if target and not killed and target[0] in started:
+            killed.append(pool.worker_pid(target[0]))
+            threading.Timer(0.3, ray.kill, (pool.actor_of(target[0]),)).start()
+
     def submit_and_kill(episode_id, calls):
-        """Kills the episode's actor 0.3 s into its first slow call (the call is running then)."""
         submit(episode_id, calls)
-        if calls == [SLOW] and not killed:
-            killed.append(pool.worker_pid(episode_id))
-            threading.Timer(0.3, ray.kill, (pool.actor_of(episode_id),)).start()
+        if calls == [SLOW] and not target:
+            target.append(episode_id)
+            kill_when_running()
 
     def poll_and_note(timeout):
         events = poll(timeout)
-        workspaces.extend(Path(e.payload["workspace"]) for e in events if e.kind == "started")
+        for e in events:
+            if e.kind == "started":
+                workspaces.append(Path(e.payload["workspace"]))
+                started.add(e.episode_id)
+        kill_when_running()
         return events
 
     before = pool.metrics()
