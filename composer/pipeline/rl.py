@@ -285,7 +285,7 @@ def run(
             if len(batch) < rl.tasks_per_step:
                 continue
             rollout_s = time.time() - t_rollout
-            # ADVANTAGE (with the expert's continuation in each group that started from its reads)
+            # ADVANTAGE (each group with the expert's continuation from its start, when guided)
             guides = [guide(g[0].task_id) for g in batch]
             counts["guided_groups"] += sum(x is not None for x in guides)
             seqs, rewards = _sequences(batch, rl.algorithm, guides)
