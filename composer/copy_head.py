@@ -26,6 +26,17 @@ r_t = softplus(h_t . w_r + b_r) and
 q . k carries no position, so without it the pointer cannot tell the start of the latest tool result
 (whose path a call copies) from the start of an earlier one.
 
+With line keys (`copy_head_lines`) a source also sees the line it would start copying:
+
+    k_s += [s is in a context line] h_{e(s)} W_kl
+
+where e(s) is the last token of the line that holds x_{s+1} (the token before the next newline or
+message mark). Without it the key at s has seen only tokens up to s, so the pointer picks the start of
+a line of code (the old_string of an edit) blind to that line's content: the buggy line and its
+neighbours look the same until their ends. Only lines inside a finished non-assistant message (system,
+user, tool) get the term: they are prefilled whole, so the sampler computes exactly the keys the learner
+does, while the assistant's own tokens are decoded one at a time with no line end yet in sight.
+
 The model's "logits" become log p_t (their softmax is p_t, so every consumer of logits, the losses,
 the learner's log-probs and the sampler, works unchanged). Pointing at s and copying x_{s+1} is an
 induction head whose copy step is built in: the head only learns where to point (q_t matches k_s when
@@ -68,8 +79,43 @@ class Projection(NamedTuple):
         return Projection(pick(self.q), self.k, pick(self.z), pick(self.match), pick(self.recency))
 
 
-def project(p: dict, x_btd: jax.Array) -> Projection:
-    """The head's projections of final hidden states x_btd."""
+def line_ends(
+    tokens_bt: jax.Array, valid_bt: jax.Array, lines: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array]:
+    """For each position s of each row: (index of e(s), whether s gets the line term) [b, t] each.
+
+    lines = (im_start, im_end, assistant role token, *newline tokens) (module docstring). Everything is
+    found inside the row (a call's own tokens): a message whose start is not in the row counts as the
+    assistant's, which it always is where the sampler extends a cached prefix (the row then starts with
+    the assistant's last token).
+    """
+    im_start, im_end, assistant, *newlines = lines
+    t = tokens_bt.shape[1]
+    idx = jnp.arange(t, dtype=jnp.int32)[None, :]
+    is_nl = jnp.isin(tokens_bt, jnp.asarray(newlines, jnp.int32)) & valid_bt
+    bound = ((tokens_bt == im_start) | (tokens_bt == im_end)) & valid_bt
+    stop = is_nl | bound | ~valid_bt
+    # next_stop[p] = the first stopping position >= p (t: none in the row).
+    next_stop = jax.lax.cummin(jnp.where(stop, idx, t), axis=1, reverse=True)
+    # The line that holds x_{s+1} ends just before the first stop after s.
+    end = jnp.concatenate([next_stop[:, 1:], jnp.full_like(next_stop[:, :1], t)], axis=1) - 1
+    last_start = jax.lax.cummax(jnp.where(bound & (tokens_bt == im_start), idx, -1), axis=1)
+    last_end = jax.lax.cummax(jnp.where(bound & (tokens_bt == im_end), idx, -1), axis=1)
+    role = jnp.take_along_axis(tokens_bt, jnp.clip(last_start + 1, 0, t - 1), axis=1)
+    inside = (last_start >= 0) & (last_start < idx) & (last_end < last_start) & (role != assistant)
+    use = inside & valid_bt & ~bound & (end >= idx)
+    return jnp.where(use, end, idx), use
+
+
+def project(
+    p: dict,
+    x_btd: jax.Array,
+    tokens_bt: jax.Array | None = None,
+    valid_bt: jax.Array | None = None,
+    lines: tuple[int, ...] = (),
+) -> Projection:
+    """The head's projections of final hidden states x_btd; with `lines` (and the call's tokens and
+    their validity) the keys get the line term (module docstring)."""
     x = x_btd.astype(jnp.float32)
 
     def f(name):
@@ -81,7 +127,12 @@ def project(p: dict, x_btd: jax.Array) -> Projection:
         match = jax.nn.softplus(f("w_match") + p["b_match"].astype(jnp.float32))
     if "w_recency" in p:
         recency = jax.nn.softplus(f("w_recency") + p["b_recency"].astype(jnp.float32))
-    return Projection(f("w_q"), f("w_k"), z, match, recency)
+    k = f("w_k")
+    if lines:
+        end_bt, use_bt = line_ends(tokens_bt, valid_bt, lines)
+        x_end = jnp.take_along_axis(x, end_bt[..., None], axis=1)
+        k = k + jnp.where(use_bt[..., None], x_end @ p["w_k_line"].astype(jnp.float32), 0.0)
+    return Projection(f("w_q"), k, z, match, recency)
 
 
 def bias(proj: Projection, toks_bs: jax.Array, query_pos_bt: jax.Array) -> jax.Array | None:
@@ -155,12 +206,17 @@ def mix(
 
 
 def mix_uncached(
-    p: dict, x_btd: jax.Array, logits_btv: jax.Array, tokens_bt: jax.Array, positions_bt: jax.Array
+    p: dict,
+    x_btd: jax.Array,
+    logits_btv: jax.Array,
+    tokens_bt: jax.Array,
+    positions_bt: jax.Array,
+    lines: tuple[int, ...] = (),
 ) -> jax.Array:
     """The copy head over this call's own tokens (no cache: each row's real tokens at positions 0, 1, ...)."""
-    proj = project(p, x_btd)
     t = tokens_bt.shape[1]
     valid_bt = positions_bt >= 0
+    proj = project(p, x_btd, tokens_bt, valid_bt, lines)
     # Source s needs a known successor: s + 1 is a real token of the row, and s + 1 <= the query's index.
     succ_bs = jnp.concatenate([valid_bt[:, 1:], jnp.zeros_like(valid_bt[:, :1])], axis=1)
     idx = jnp.arange(t)

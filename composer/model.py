@@ -120,7 +120,9 @@ def forward(
         if cache is not None:
             # The sampler (composer/sampler_device.py) keeps the head's keys and tokens in its own cache.
             raise ValueError("model.forward runs the copy head without a cache only")
-        logits_btv = copy_head.mix_uncached(params["copy"], x_btd, logits_btv, tokens_bt, positions_bt)
+        logits_btv = copy_head.mix_uncached(
+            params["copy"], x_btd, logits_btv, tokens_bt, positions_bt, cfg.copy_head_lines
+        )
     if cfg.value_head:
         head = params["value_head"]
         values = jnp.einsum("btd,d->bt", x_btd, head["w"].astype(dtype), preferred_element_type=jnp.float32)

@@ -21,7 +21,7 @@ _MOE_FIELDS = (
     "z_loss_coef",
 )
 # Fields that are not config keys (set by code that needs them).
-_DERIVED_FIELDS = ("value_head",)
+_DERIVED_FIELDS = ("value_head", "copy_head_lines")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _QK_NORMS = ("none", "head", "proj")
 
@@ -48,6 +48,11 @@ class ModelConfig:
     copy_head_ngram: int = 0
     # With a copy head: a per-query penalty on the log-distance to each source (composer/copy_head.py).
     copy_head_recency: bool = False
+    # With a copy head: line keys. The chat tokens that mark where a line of context ends, as (im_start,
+    # im_end, the assistant role's token, *tokens that hold a newline); () turns them off. Token ids come
+    # from the tokenizer, so this is set by code that has one (composer/pipeline/learner.model_config),
+    # not a config key; config.model.copy_head_lines says whether to set it.
+    copy_head_lines: tuple[int, ...] = ()
     n_dense_layers: int = 0  # the first n layers use a dense SwiGLU of width d_ff_dense
     d_ff_dense: int = 128
     max_seq_len: int = 256

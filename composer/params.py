@@ -139,6 +139,9 @@ def declarations(cfg: ModelConfig) -> dict:
             # softplus(-1) = 0.31: a source 1000 tokens back starts 2.2 below the one just before.
             decls["copy"]["w_recency"] = ParamDecl((d,), ("embed",), zeros)
             decls["copy"]["b_recency"] = ParamDecl((), (), constant(-1.0))
+        if cfg.copy_head_lines:
+            # Zero init: keys start as the plain ones; SFT learns what of a line's end to add.
+            decls["copy"]["w_k_line"] = ParamDecl((d, c), ("embed", None), zeros)
     if cfg.value_head:
         # Zero init: every value starts at 0, the critic learns from the first returns.
         decls["value_head"] = {"w": ParamDecl((d,), ("embed",), zeros), "b": ParamDecl((), (), zeros)}

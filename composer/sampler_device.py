@@ -164,7 +164,7 @@ def forward_unstacked(
     if cfg.copy_head_dim > 0:
         # The copy head needs every new position's key (and token) in its cache, not only the logits'.
         x_btd = layers.rms_norm(x_btd, params_u["final_norm"], cfg.rms_eps)
-        proj = copy_head.project(params_u["copy"], x_btd)
+        proj = copy_head.project(params_u["copy"], x_btd, tokens_bt, valid_bt, cfg.copy_head_lines)
         k_buf, keys_bsgc = kv_cache.write_layer(extra[0], jnp.int32(0), proj.k[:, :, None, :], plan)
         t_buf, toks_bsgc = kv_cache.write_layer(extra[1], jnp.int32(0), tokens_bt[:, :, None, None], plan)
         extra = (k_buf, t_buf)

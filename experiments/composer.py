@@ -74,6 +74,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # And a recency term: the path a call copies is at the start of the latest tool result, which q . k,
     # blind to position, cannot tell from the start of an earlier one.
     c.model.copy_head_recency = True
+    # And line keys: a source's key also sees the end of the line it would start copying, so the pointer
+    # can choose a line of code (which line an edit replaces) by its content.
+    c.model.copy_head_lines = True
     c.model.n_dense_layers = 0  # the first n layers use a dense SwiGLU MLP instead of experts
     c.model.d_ff_dense = 512
     c.model.max_seq_len = 2048  # longest sequence trained on (longer ones are cut)
@@ -275,6 +278,7 @@ def _gpu(c: ConfigDict) -> None:
     c.model.copy_head_dim = 0  # a Qwen3-MoE checkpoint has no copy head (export and init_from stay exact)
     c.model.copy_head_ngram = 0
     c.model.copy_head_recency = False
+    c.model.copy_head_lines = False
     c.moe.n_experts = 64
     c.moe.top_k = 8
     c.moe.d_ff = 768

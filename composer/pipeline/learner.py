@@ -41,11 +41,29 @@ class Learner:
         return self.state.params
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> model.ModelConfig:
+def model_config(config: ml_collections.ConfigDict, tokenizer) -> model.ModelConfig:
+    """The model config for `tokenizer` (a composer.tokenizer.Tokenizer): its vocabulary must fit, and
+    the copy head's line keys (config.model.copy_head_lines) take their token ids from it."""
     cfg = model.ModelConfig.from_config(config)
+    vocab_size = tokenizer.vocab_size
     if vocab_size > cfg.vocab_size:
         raise ValueError(f"the tokenizer has {vocab_size} tokens but model.vocab_size is {cfg.vocab_size}")
+    if cfg.copy_head_dim > 0 and config.model.copy_head_lines:
+        cfg = dataclasses.replace(cfg, copy_head_lines=line_token_ids(tokenizer))
     return cfg
+
+
+_ASSISTANT = "assistant"  # the role's name in the chat template (composer/chat.py)
+
+
+def line_token_ids(tokenizer) -> tuple[int, ...]:
+    """(im_start, im_end, the assistant role's token, *every token whose text holds a newline)."""
+    role = tokenizer.encode(_ASSISTANT)
+    if len(role) != 1:
+        raise ValueError(f"line keys need the role {_ASSISTANT!r} to be one token, got {role}")
+    vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
+    newlines = sorted(i for i in vocab.values() if "\n" in tokenizer.decode([i]))
+    return (tokenizer.im_start_id, tokenizer.im_end_id, role[0], *newlines)
 
 
 def build(

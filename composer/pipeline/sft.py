@@ -69,7 +69,7 @@ def run(config: ml_collections.ConfigDict, workdir: Path, data: Data, writer: Me
 
         init_params, cfg, _ = load_pretrained(config, sharding.make_mesh(config.mesh))
     else:
-        cfg = learner_lib.model_config(config, data.tokenizer.vocab_size)
+        cfg = learner_lib.model_config(config, data.tokenizer)
     learner = build(config, cfg, init_params)
     steps = config.sft.steps
     ckpt = Checkpointer(

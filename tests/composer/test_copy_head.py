@@ -147,3 +147,86 @@ def test_the_recency_term_prefers_the_latest_of_equal_sources():
     params["copy"]["b_recency"] = jnp.asarray(-30.0)  # softplus ~ 0: no recency term
     p = jnp.exp(model.forward(params, tokens, jnp.arange(7)[None], cfg)[0][0, -1])
     assert abs(float(p[6]) - float(p[5])) < 0.01
+
+
+# Line keys: token ids of a toy chat template (im_start, im_end, the assistant role, two newline tokens).
+IM_START, IM_END, ASSISTANT, USER, NL, NL_INDENT = 0, 1, 2, 3, 4, 5
+LINES = (IM_START, IM_END, ASSISTANT, NL, NL_INDENT)
+
+
+def _line_ends_reference(tokens, n):
+    """(end, use) per position of one row's first n tokens, by the words of copy_head.line_ends."""
+    end, use = list(range(len(tokens))), [False] * len(tokens)
+    for s in range(n):
+        starts = [p for p in range(s + 1) if tokens[p] == IM_START]
+        ends = [p for p in range(s + 1) if tokens[p] == IM_END]
+        if not starts or starts[-1] == s or (ends and ends[-1] > starts[-1]) or tokens[s] == IM_END:
+            continue
+        if tokens[starts[-1] + 1] == ASSISTANT:
+            continue
+        # The line that holds x_{s+1} ends before the first newline, message mark or the row's end.
+        for p in range(s + 1, n + 1):
+            if p == n or tokens[p] in (NL, NL_INDENT, IM_START, IM_END):
+                if p - 1 >= s:
+                    end[s], use[s] = p - 1, True
+                break
+    return end, use
+
+
+def _chat_row(rng, n_messages):
+    row = []
+    for i in range(n_messages):
+        row += [IM_START, ASSISTANT if i % 2 else USER]
+        row += rng.choice([NL, NL_INDENT, 6, 7, 8, 9, 10], size=rng.integers(0, 9)).tolist()
+        row += [IM_END, NL]
+    return row
+
+
+def test_line_ends_match_their_definition():
+    rng = np.random.default_rng(0)
+    rows = [_chat_row(rng, 5) for _ in range(6)]
+    rows.append([7, 8, NL, 9, IM_END, NL, IM_START, USER, 6, NL, 7, IM_END])  # starts mid-message
+    t = max(len(r) for r in rows) + 3
+    tokens = np.full((len(rows), t), 11)
+    lengths = np.array([len(r) - (i % 3) for i, r in enumerate(rows)])  # some rows cut, then padding
+    for i, r in enumerate(rows):
+        tokens[i, : lengths[i]] = r[: lengths[i]]
+    valid = np.arange(t)[None] < lengths[:, None]
+    end, use = copy_head.line_ends(jnp.asarray(tokens), jnp.asarray(valid), LINES)
+    for i, n in enumerate(lengths):
+        want_end, want_use = _line_ends_reference(tokens[i].tolist(), n)
+        np.testing.assert_array_equal(np.asarray(use[i, :n]), want_use[:n])
+        np.testing.assert_array_equal(
+            np.asarray(end[i, :n])[want_use[:n]], np.asarray(want_end[:n])[want_use[:n]]
+        )
+    assert np.asarray(use).sum() > 20  # not vacuous: many context positions have a line end
+
+
+def test_a_line_key_points_at_the_line_whose_end_matches():
+    # Two context lines with the same start (tokens 6 7) and different ends (8 vs 9). Plain keys see only
+    # the start, so a query wanting "the line that ends in 9" cannot choose between them; line keys add
+    # the end's embedding and the pointer prefers the position before the second line's first 6. A
+    # zero-layer model: h = embedding.
+    cfg = dataclasses.replace(
+        ModelConfig(vocab_size=16, d_model=16, copy_head_dim=16, copy_head_lines=LINES), n_layers=0
+    )
+    params = model.init(jax.random.key(0), cfg)
+    params["embed"] = jnp.eye(16) * 4.0
+    params["unembed"] = jnp.zeros_like(params["unembed"])
+    w_q = jnp.zeros((16, 16)).at[12, 9].set(4.0)  # the query token 12 asks for lines ending in 9
+    params["copy"].update(w_q=w_q, w_k=jnp.zeros((16, 16)), b_gate=jnp.asarray(30.0))
+    tokens = jnp.array([[IM_START, USER, NL, 6, 7, 8, NL, 6, 7, 9, NL, IM_END, IM_START, ASSISTANT, 12]])
+    positions = jnp.arange(tokens.shape[1])[None]
+
+    def pointer(w_k_line):
+        params["copy"]["w_k_line"] = w_k_line
+        proj = copy_head.project(params["copy"], params["embed"][tokens], tokens, positions >= 0, LINES)
+        scores = np.asarray(jnp.einsum("c,sc->s", proj.q[0, -1], proj.k[0]))
+        return scores
+
+    flat = pointer(jnp.zeros((16, 16)))
+    assert flat[2] == flat[6]  # the positions before each line's first 6: equal without line keys
+    sharp = pointer(jnp.eye(16))
+    assert sharp[6] > sharp[2] + 10
+    # Every source in the second line (6, 7, 8) carries its end; none outside the context message does.
+    assert (sharp[[6, 7, 8]] > 10).all() and (sharp[11:] == 0).all()

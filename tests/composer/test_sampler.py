@@ -300,3 +300,50 @@ def test_copy_head_continuous_batching_equals_one_at_a_time():
         alone = _sampler(COPY_PARAMS, COPY_CFG).generate([prompt], 7, request_ids=[rid])[0]
         assert outs[rid].token_ids == alone.token_ids
         np.testing.assert_allclose(outs[rid].logprobs, alone.logprobs, atol=1e-5)
+
+
+# Line keys (copy_head.line_ends): keys of context lines see the line's end. The sampler computes them
+# inside each prefill or extend call, so they must equal the learner's over the whole stream: for the
+# system and user messages of the first prompt and for the tool-result message an extend adds.
+IM_START, IM_END, ASSISTANT, USER, NL, NL_INDENT = 120, 121, 122, 123, 124, 125
+LINE_CFG = dataclasses.replace(COPY_CFG, copy_head_lines=(IM_START, IM_END, ASSISTANT, NL, NL_INDENT))
+LINE_PARAMS = model.init(jax.random.key(4), LINE_CFG)
+LINE_PARAMS["copy"]["b_gate"] = jnp.asarray(2.0, jnp.float32)
+LINE_PARAMS["copy"]["w_k_line"] = jax.random.normal(jax.random.key(5), LINE_PARAMS["copy"]["w_k"].shape)
+
+
+def _message(role, body):
+    return [IM_START, role, *body, IM_END, NL]
+
+
+def _context(seed, n):
+    # Lines of ordinary tokens (< 120) separated by both newline tokens.
+    rng = np.random.default_rng(seed)
+    return [
+        int(x) if rng.random() > 0.25 else (NL, NL_INDENT)[i % 2]
+        for i, x in enumerate(rng.integers(0, 40, n))
+    ]
+
+
+def test_line_key_logprobs_equal_forward_through_prefill_decode_and_extend():
+    prompt = _message(USER, _context(11, 14)) + _message(USER, _context(12, 9)) + [IM_START, ASSISTANT, NL]
+    sampler = _sampler(LINE_PARAMS, LINE_CFG)
+    first = sampler.generate([prompt], 6, request_ids=["l@0"])[0]
+    # The toy model must not write a message mark itself (a real turn ends at its first im_end).
+    assert not {IM_START, IM_END} & set(first.token_ids)
+    _assert_logprobs_match(LINE_PARAMS, LINE_CFG, prompt, first)
+    stream = (
+        prompt + first.token_ids + [IM_END, NL] + _message(USER, _context(13, 10)) + [IM_START, ASSISTANT, NL]
+    )
+    second = sampler.generate([stream], 6, request_ids=["l@1"])[0]
+    assert sampler.stats()["extend_calls"] == 1
+    assert not {IM_START, IM_END} & set(second.token_ids)
+    _assert_logprobs_match(LINE_PARAMS, LINE_CFG, stream, second)
+    # Not vacuous: without line keys the same tokens get other log-probs.
+    plain = _forward_logp(_without_line_keys(LINE_PARAMS), COPY_CFG, stream, second.token_ids)
+    plain = plain[np.arange(len(second.token_ids)), second.token_ids]
+    assert np.abs(plain - np.asarray(second.logprobs)).max() > 0.05
+
+
+def _without_line_keys(params):
+    return {**params, "copy": {k: v for k, v in params["copy"].items() if k != "w_k_line"}}
