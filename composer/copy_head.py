@@ -92,15 +92,16 @@ def line_ends(
     im_start, im_end, assistant, *newlines = lines
     t = tokens_bt.shape[1]
     idx = jnp.arange(t, dtype=jnp.int32)[None, :]
-    is_nl = jnp.isin(tokens_bt, jnp.asarray(newlines, jnp.int32)) & valid_bt
-    bound = ((tokens_bt == im_start) | (tokens_bt == im_end)) & valid_bt
-    stop = is_nl | bound | ~valid_bt
+    is_start = (tokens_bt == im_start) & valid_bt
+    is_end = (tokens_bt == im_end) & valid_bt
+    bound = is_start | is_end
+    stop = jnp.isin(tokens_bt, jnp.asarray(newlines, jnp.int32)) | bound | ~valid_bt
     # next_stop[p] = the first stopping position >= p (t: none in the row).
     next_stop = jax.lax.cummin(jnp.where(stop, idx, t), axis=1, reverse=True)
     # The line that holds x_{s+1} ends just before the first stop after s.
     end = jnp.concatenate([next_stop[:, 1:], jnp.full_like(next_stop[:, :1], t)], axis=1) - 1
-    last_start = jax.lax.cummax(jnp.where(bound & (tokens_bt == im_start), idx, -1), axis=1)
-    last_end = jax.lax.cummax(jnp.where(bound & (tokens_bt == im_end), idx, -1), axis=1)
+    last_start = jax.lax.cummax(jnp.where(is_start, idx, -1), axis=1)
+    last_end = jax.lax.cummax(jnp.where(is_end, idx, -1), axis=1)
     role = jnp.take_along_axis(tokens_bt, jnp.clip(last_start + 1, 0, t - 1), axis=1)
     inside = (last_start >= 0) & (last_start < idx) & (last_end < last_start) & (role != assistant)
     use = inside & valid_bt & ~bound & (end >= idx)

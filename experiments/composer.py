@@ -75,7 +75,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # blind to position, cannot tell from the start of an earlier one.
     c.model.copy_head_recency = True
     # And line keys: a source's key also sees the end of the line it would start copying, so the pointer
-    # can choose a line of code (which line an edit replaces) by its content.
+    # can choose a line of code (which line an edit replaces) by its content. After 300 SFT steps the
+    # expert's edit turn costs 10.5 nats (train trajectories) and 18.8 (held-out ones), against 11.4 and
+    # 19.9 without; held-out solves stayed at 2 of 50.
     c.model.copy_head_lines = True
     c.model.n_dense_layers = 0  # the first n layers use a dense SwiGLU MLP instead of experts
     c.model.d_ff_dense = 512

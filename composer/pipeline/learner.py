@@ -9,6 +9,7 @@ import numpy as np
 from absl import logging
 
 from composer import batching, distributed, model, sharding, train
+from composer.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass
@@ -41,8 +42,8 @@ class Learner:
         return self.state.params
 
 
-def model_config(config: ml_collections.ConfigDict, tokenizer) -> model.ModelConfig:
-    """The model config for `tokenizer` (a composer.tokenizer.Tokenizer): its vocabulary must fit, and
+def model_config(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> model.ModelConfig:
+    """The model config for `tokenizer`: its vocabulary must fit, and
     the copy head's line keys (config.model.copy_head_lines) take their token ids from it."""
     cfg = model.ModelConfig.from_config(config)
     vocab_size = tokenizer.vocab_size
@@ -56,7 +57,7 @@ def model_config(config: ml_collections.ConfigDict, tokenizer) -> model.ModelCon
 _ASSISTANT = "assistant"  # the role's name in the chat template (composer/chat.py)
 
 
-def line_token_ids(tokenizer) -> tuple[int, ...]:
+def line_token_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
     """(im_start, im_end, the assistant role's token, *every token whose text holds a newline)."""
     role = tokenizer.encode(_ASSISTANT)
     if len(role) != 1:
