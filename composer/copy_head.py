@@ -129,7 +129,8 @@ def project(
     if "w_recency" in p:
         recency = jax.nn.softplus(f("w_recency") + p["b_recency"].astype(jnp.float32))
     k = f("w_k")
-    if lines:
+    # A one-token call (a decode step) holds no message start, so none of its positions gets the term.
+    if lines and x.shape[1] > 1:
         end_bt, use_bt = line_ends(tokens_bt, valid_bt, lines)
         x_end = jnp.take_along_axis(x, end_bt[..., None], axis=1)
         k = k + jnp.where(use_bt[..., None], x_end @ p["w_k_line"].astype(jnp.float32), 0.0)
