@@ -69,11 +69,17 @@ class Tokenizer:
         return self.token_id(chat.PAD)
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, split_closing_quotes: bool = False) -> Tokenizer:
     """Trains a byte-level BPE of `vocab_size` ids (256 bytes + the chat special tokens + merges).
 
     The special tokens take ids 0..len(SPECIAL_TOKENS)-1. Texts are cut at special-token strings before
     training so that no merge is spent on spelling them out.
+
+    With `split_closing_quotes` a double quote right after a non-space character (but a backslash) is a
+    token of its own. A tool call's string argument that ends a line of code then ends in the same tokens
+    as the line does in the tool result it was copied from: `best:` then `"`, where the plain regex merges
+    the line's last punctuation with the quote and what follows (`:",`, `)"}}`), a token no copy of the
+    line contains.
     """
     n_min = 256 + len(chat.SPECIAL_TOKENS)
     if vocab_size < n_min:
@@ -83,11 +89,11 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     # split off one by one first (as Qwen's and LLaMA's tokenizers do), so a number is the same ids
     # wherever it stands: line 24 of a grep result (`:24:`) and `"offset": 24` in a call share '2' '4',
     # where the byte-level regex alone gives '24' and ' 24', and the model could not copy one to the other.
+    splits = [hf.pre_tokenizers.Split(hf.Regex(r"\p{N}"), behavior="isolated")]
+    if split_closing_quotes:
+        splits.append(hf.pre_tokenizers.Split(hf.Regex(r'(?<=[^\s"\\])"'), behavior="isolated"))
     backend.pre_tokenizer = hf.pre_tokenizers.Sequence(
-        [
-            hf.pre_tokenizers.Split(hf.Regex(r"\p{N}"), behavior="isolated"),
-            hf.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
+        [*splits, hf.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
     )
     backend.decoder = hf.decoders.ByteLevel()
     special = [hf.AddedToken(t, special=True, normalized=False) for t in chat.SPECIAL_TOKENS]

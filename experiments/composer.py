@@ -50,6 +50,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # ---- model: a decoder-only MoE transformer (see composer/model.py)
     c.model = ConfigDict()
     c.model.vocab_size = 2048
+    # Tokenizer: a double quote after a non-space character is a token of its own, so an edit's
+    # old_string that ends a line of code ends in the line's own tokens (`best:` `"`) instead of a merge
+    # no copy contains (`best:",`). 8% more tokens on the expert's data; on the 50 held-out expert edit
+    # turns (300 SFT steps, teacher-forced), old_string's NLL after its first token fell from 5.4 to 3.8
+    # nats, and 8 more of them got old_string right (34 of 50 had a wrong token there, against 42).
+    c.model.split_closing_quotes = True
     c.model.d_model = 128
     c.model.n_layers = 4
     c.model.n_heads = 4
@@ -127,7 +133,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # of 8 stayed at 2.0 (this model, this CPU); a from-scratch model needs updates more than tokens.
     c.sft.steps = 300
     c.sft.batch_size = 2
-    c.sft.n_trajectories = 200
+    # Distinct trajectories beat repeated ones: at 300 steps of 2, 600 trajectories seen once against 200
+    # seen three times took the held-out edit turns' new_string from 11.4 to 8.6 nats (teacher-forced,
+    # 50 tasks), for about 4 more minutes of DATA.
+    c.sft.n_trajectories = 600
     # Loss weight of the tokens of the expert's edit turn (1: no extra weight). At 4 the default model's
     # greedy edit from the expert's reads was right in 2 of 50 held-out tasks (3 at 1) and 3 of 40 train
     # tasks (1 at 1): no gain at this size, so off.
@@ -185,7 +194,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
 
     # ---- env: tasks, sandboxes and the rollout pool
     c.env = ConfigDict()
-    c.env.n_train_tasks = 200
+    c.env.n_train_tasks = 600
     c.env.n_heldout_tasks = 50
     c.env.difficulty = 1
     c.env.n_workers = 2

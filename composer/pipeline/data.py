@@ -136,7 +136,9 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
         tokenizer = Tokenizer.load(tok_path)
     else:
         t0 = time.time()
-        tokenizer = train_tokenizer(_corpus(trajectories, train[:50]), config.model.vocab_size)
+        tokenizer = train_tokenizer(
+            _corpus(trajectories, train[:50]), config.model.vocab_size, config.model.split_closing_quotes
+        )
         tokenizer.save(tok_path)
         logging.info("DATA: tokenizer (vocab %d) trained in %.1f s", tokenizer.vocab_size, time.time() - t0)
     return Data(train, heldout, tokenizer, trajectories, heldout_expert, by_task)

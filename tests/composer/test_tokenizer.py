@@ -271,3 +271,37 @@ def test_a_number_is_the_same_ids_wherever_it_stands(tok):
     for text in ("src/stats.py:24:def mean(xs):", '{"offset": 24, "limit": 5}', "    24|def mean", "x=124"):
         ids = tok.encode(text)
         assert any(ids[i : i + 2] == digits for i in range(len(ids) - 1)), text
+
+
+def _edit_corpus(n: int = 60) -> list[str]:
+    """Conversations in which a grep shows a line of code and a call copies it into a JSON string."""
+    texts = []
+    for i in range(n):
+        line = f"        if best is None or v{i % 7} <= best:"
+        call = ToolCall("search_replace", {"file_path": "pkg/a.py", "old_string": line, "new_string": "x"})
+        conv = [Message("tool", f"pkg/a.py-{i}-{line}\npkg/a.py-{i + 1}-    return out\n")]
+        texts.append(chat.render_text([*conv, Message("assistant", "Fix.", [call])]))
+    return texts
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_split_closing_quotes_keeps_a_copied_line_end(split):
+    corpus = _edit_corpus()
+    t = tk.train_tokenizer(corpus, vocab_size=400, split_closing_quotes=split)
+    line = "        if best is None or v3 <= best:"
+    call = json.dumps({"old_string": line, "new_string": "x"})
+    pieces = [t.decode([i]) for i in t.encode(call)]
+    # Where the line stands in the call: its tokens up to the closing quote.
+    ends = np.cumsum([len(piece) for piece in pieces])
+    k = int(np.searchsorted(ends, len('{"old_string": "') + len(line)))
+    ends_clean = "".join(pieces[: k + 1]) == '{"old_string": "' + line
+    in_result = [t.decode([i]) for i in t.encode(f"pkg/a.py-3-{line}\n")]
+    if split:
+        # The line's last token is the grep result's, and the quote after it is a token of its own.
+        assert ends_clean and pieces[k] == in_result[-2] == ":" and pieces[k + 1] == '"'
+        assert t.decode(t.encode(call)) == call
+        escaped = 'f(\\"a\\", \\"b\\")"}'
+        assert t.decode(t.encode(escaped)) == escaped
+    else:
+        # The plain byte-level regex merges the line's colon with the quote after it.
+        assert not ends_clean
