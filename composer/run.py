@@ -59,7 +59,8 @@ def main(config: ml_collections.ConfigDict, workdir: str, mode: str) -> None:
 
     # A value that would otherwise fail minutes in, once the task suite is generated.
     offered_tools(config.env.tools)
-    path = Path(workdir)
+    # Absolute, so that no phase depends on the directory a subprocess or sandbox starts in.
+    path = Path(workdir).resolve()
     path.mkdir(parents=True, exist_ok=True)
     logging.info("mode %s, workdir %s", mode, path)
     _MODES[mode](config, path)

@@ -139,6 +139,8 @@ def run_tests(roots: list[Path], per_test_s: float = 2.0, timeout_s: float = 30.
     """Per-test outcomes ('passed' / 'failed'; a test file that fails to import: 'error') of each
     repository in `roots`, from one fresh interpreter (-I: no user site, no environment paths; -B: no
     bytecode files left in the trees)."""
+    # Absolute: the runner starts in the first root, where a relative path names nothing.
+    roots = [Path(r).resolve() for r in roots]
     proc = subprocess.run(
         [sys.executable, "-I", "-B", "-c", _RUNNER, str(per_test_s), *map(str, roots)],
         capture_output=True,

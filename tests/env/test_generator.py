@@ -57,6 +57,14 @@ def test_deterministic_across_processes(tmp_path):
     assert trees[0] == trees[1] == _tree(generate_task(7, 2, tmp_path / "here", "train").path.parent)
 
 
+def test_relative_output_directory(tmp_path, monkeypatch):
+    """launch.py's default workdir is relative (runs/...): generating into it works as into an absolute."""
+    monkeypatch.chdir(tmp_path)
+    task = generate_task(0, 1, Path("runs") / "tasks", "train")
+    assert verify(task) is None
+    assert _tree(task.repo) == _tree(generate_task(0, 1, tmp_path / "abs", "train").repo)
+
+
 def test_splits_are_disjoint(tmp_path):
     assert set(TRAIN_SEEDS).isdisjoint(HELDOUT_SEEDS)
     assert split_seed("train", 0) in TRAIN_SEEDS and split_seed("heldout", 0) in HELDOUT_SEEDS
