@@ -50,12 +50,14 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # ---- model: a decoder-only MoE transformer (see composer/model.py)
     c.model = ConfigDict()
     c.model.vocab_size = 2048
-    # Tokenizer: a double quote after a non-space character is a token of its own, so an edit's
+    # Tokenizer: a double quote after a non-space character is a token of its own, so that an edit's
     # old_string that ends a line of code ends in the line's own tokens (`best:` `"`) instead of a merge
-    # no copy contains (`best:",`). 8% more tokens on the expert's data; on the 50 held-out expert edit
-    # turns (300 SFT steps, teacher-forced), old_string's NLL after its first token fell from 5.4 to 3.8
-    # nats, and 8 more of them got old_string right (34 of 50 had a wrong token there, against 42).
-    c.model.split_closing_quotes = True
+    # no copy contains (`best:",`). 8% more tokens. With 200 trajectories (300 SFT steps, the 50 held-out
+    # expert edit turns teacher-forced) old_string's NLL after its first token fell from 5.4 to 3.8 nats;
+    # but both SFT runs with 600 trajectories and the split closed the copy gate where the call names its
+    # file (p(copy) 0.003; the path's package then came from the vocabulary, wrong in 47 and 49 of 50),
+    # which no run without it did: off until the copy head is trained so that this cannot happen.
+    c.model.split_closing_quotes = False
     c.model.d_model = 128
     c.model.n_layers = 4
     c.model.n_heads = 4
