@@ -178,8 +178,9 @@ def mix(
     next_bs: jax.Array,
     ok_bts: jax.Array,
     bias_bts: jax.Array | None = None,
-) -> jax.Array:
-    """log p [b, t, v] float32 (module docstring).
+    with_pointer: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """log p [b, t, v] float32 (module docstring); with `with_pointer`, also the pointer weights a [b, t, s].
 
     k_bsc: keys of the positions the pointer may choose from; next_bs: the token that followed each of
     them; ok_bts: whether query t may point at s (s earlier than t, both real tokens); bias_bts: the
@@ -202,9 +203,20 @@ def mix(
     has = copy > 0
     logp_copy = jnp.where(has, jnp.log(jnp.where(has, copy, 1.0)), -jnp.inf)
     logp_vocab = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
-    return jnp.logaddexp(
+    logp = jnp.logaddexp(
         jax.nn.log_sigmoid(-z_bt)[..., None] + logp_vocab, jax.nn.log_sigmoid(z_bt)[..., None] + logp_copy
     )
+    return (logp, a) if with_pointer else logp
+
+
+def pointer_logprob(
+    a_bts: jax.Array, next_bs: jax.Array, target_bt: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The pointer's own log-probability of each query's target, log sum_s a_ts [x_{s+1} = target_t], and
+    whether any allowed source could copy it (where not, the log-prob is 0 and carries no gradient)."""
+    mass = jnp.sum(jnp.where(next_bs[:, None, :] == target_bt[:, :, None], a_bts, 0.0), axis=-1)
+    copyable = mass > 0
+    return jnp.where(copyable, jnp.log(jnp.where(copyable, mass, 1.0)), 0.0), copyable
 
 
 def mix_uncached(
@@ -214,8 +226,11 @@ def mix_uncached(
     tokens_bt: jax.Array,
     positions_bt: jax.Array,
     lines: tuple[int, ...] = (),
-) -> jax.Array:
-    """The copy head over this call's own tokens (no cache: each row's real tokens at positions 0, 1, ...)."""
+    with_pointer: bool = False,
+) -> jax.Array | tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """The copy head over this call's own tokens (no cache: each row's real tokens at positions 0, 1, ...).
+    With `with_pointer`, also `pointer_logprob` of each next token of the row ([b, t], the last position's
+    meaningless): what a loss on the pointer alone trains."""
     t = tokens_bt.shape[1]
     valid_bt = positions_bt >= 0
     proj = project(p, x_btd, tokens_bt, valid_bt, lines)
@@ -226,7 +241,10 @@ def mix_uncached(
     next_bs = jnp.concatenate([tokens_bt[:, 1:], tokens_bt[:, -1:]], axis=1)
     # Row index = position here, so the tokens by index are the tokens by position.
     extra = bias(proj, tokens_bt, jnp.where(valid_bt, idx[None, :], -1))
-    return mix(logits_btv, proj.q, proj.z, proj.k, next_bs, ok, extra)
+    if not with_pointer:
+        return mix(logits_btv, proj.q, proj.z, proj.k, next_bs, ok, extra)
+    logp, a = mix(logits_btv, proj.q, proj.z, proj.k, next_bs, ok, extra, with_pointer=True)
+    return logp, pointer_logprob(a, next_bs, next_bs)
 
 
 def cached_ok(positions_bt: jax.Array, n_cache: int) -> jax.Array:

@@ -91,7 +91,9 @@ def forward(
     Returns (logits [b, t, v] float32, the updated cache (None without one), aux), where aux holds
     load_balance_loss and router_z_loss (means over the MoE layers, not multiplied by their
     coefficients) and dropped_fraction (mean over MoE layers; 0 for dropless dispatch); with
-    cfg.value_head also values [b, t] float32 (the critic's estimate at every position).
+    cfg.value_head also values [b, t] float32 (the critic's estimate at every position); with
+    cfg.copy_loss_coef > 0 also pointer_logp and pointer_ok [b, t] (copy_head.pointer_logprob of the
+    token after each position).
     """
     dtype = cfg.compute_jnp_dtype
     positions_bt = positions_bt.astype(jnp.int32)
@@ -120,9 +122,19 @@ def forward(
         if cache is not None:
             # The sampler (composer/sampler_device.py) keeps the head's keys and tokens in its own cache.
             raise ValueError("model.forward runs the copy head without a cache only")
-        logits_btv = copy_head.mix_uncached(
-            params["copy"], x_btd, logits_btv, tokens_bt, positions_bt, cfg.copy_head_lines
+        out = copy_head.mix_uncached(
+            params["copy"],
+            x_btd,
+            logits_btv,
+            tokens_bt,
+            positions_bt,
+            cfg.copy_head_lines,
+            with_pointer=cfg.copy_loss_coef > 0,
         )
+        if cfg.copy_loss_coef > 0:
+            logits_btv, (aux["pointer_logp"], aux["pointer_ok"]) = out
+        else:
+            logits_btv = out
     if cfg.value_head:
         head = params["value_head"]
         values = jnp.einsum("btd,d->bt", x_btd, head["w"].astype(dtype), preferred_element_type=jnp.float32)

@@ -53,6 +53,11 @@ class ModelConfig:
     # from the tokenizer, so this is set by code that has one (composer/pipeline/learner.model_config),
     # not a config key; config.model.copy_head_lines says whether to set it.
     copy_head_lines: tuple[int, ...] = ()
+    # With a copy head: the weight of a loss on the pointer alone (SFT), -log sum_s a_ts [x_{s+1} = target]
+    # at every trained token some source could copy (0: none). The mixture's own loss trains the pointer
+    # only through the gate: where the gate closes early (the vocabulary guessing a file's package among
+    # twenty), the pointer there gets almost no gradient and never learns to point; this one always does.
+    copy_loss_coef: float = 0.0
     n_dense_layers: int = 0  # the first n layers use a dense SwiGLU of width d_ff_dense
     d_ff_dense: int = 128
     max_seq_len: int = 256

@@ -105,6 +105,15 @@ def sft_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: None = Non
         "load_balance_loss": losses.MaskedSum(aux["load_balance_loss"] * count, count),
         "dropped_fraction": losses.MaskedSum(aux["dropped_fraction"] * count, count),
     }
+    if cfg.copy_loss_coef > 0:
+        # Position i's pointer scores token i + 1: shift to index the token scored, as logp is.
+        pad = jnp.zeros_like(mask[:, :1])
+        ptr_logp = jnp.concatenate([pad, aux["pointer_logp"][:, :-1]], 1)
+        ptr_mask = mask * jnp.concatenate([pad, aux["pointer_ok"][:, :-1].astype(jnp.float32)], 1)
+        pointer = losses.MaskedSum(-(ptr_logp * ptr_mask).sum(), ptr_mask.sum())
+        # Weighted per copyable token, normalised by the same count as the NLL.
+        total = total + cfg.copy_loss_coef * pointer.total
+        sums["pointer_loss"] = pointer
     return total, sums
 
 

@@ -87,6 +87,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # expert's edit turn costs 10.5 nats (train trajectories) and 18.8 (held-out ones), against 11.4 and
     # 19.9 without; held-out solves stayed at 2 of 50.
     c.model.copy_head_lines = True
+    # The weight of a loss on the pointer alone during SFT (composer/model_config.py; 0: none).
+    c.model.copy_loss_coef = 0.0
     c.model.n_dense_layers = 0  # the first n layers use a dense SwiGLU MLP instead of experts
     c.model.d_ff_dense = 512
     c.model.max_seq_len = 2048  # longest sequence trained on (longer ones are cut)
