@@ -105,7 +105,7 @@ def sft_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: None = Non
         "load_balance_loss": losses.MaskedSum(aux["load_balance_loss"] * count, count),
         "dropped_fraction": losses.MaskedSum(aux["dropped_fraction"] * count, count),
     }
-    if cfg.copy_loss_coef > 0:
+    if cfg.copy_loss_coef > 0 and cfg.copy_head_dim > 0:
         # Position i's pointer scores token i + 1: shift to index the token scored, as logp is.
         pad = jnp.zeros_like(mask[:, :1])
         ptr_logp = jnp.concatenate([pad, aux["pointer_logp"][:, :-1]], 1)

@@ -53,11 +53,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # Tokenizer: a double quote after a non-space character is a token of its own, so that an edit's
     # old_string that ends a line of code ends in the line's own tokens (`best:` `"`) instead of a merge
     # no copy contains (`best:",`). 8% more tokens. With 200 trajectories (300 SFT steps, the 50 held-out
-    # expert edit turns teacher-forced) old_string's NLL after its first token fell from 5.4 to 3.8 nats;
-    # but both SFT runs with 600 trajectories and the split closed the copy gate where the call names its
-    # file (p(copy) 0.003; the path's package then came from the vocabulary, wrong in 47 and 49 of 50),
-    # which no run without it did: off until the copy head is trained so that this cannot happen.
-    c.model.split_closing_quotes = False
+    # expert edit turns teacher-forced) old_string's NLL after its first token fell from 5.4 to 3.8 nats.
+    # With 600 it needs the pointer loss (copy_loss_coef): both runs without it closed the copy gate where
+    # the call names its file, and took the path's package from the vocabulary (wrong in 47 and 49 of 50).
+    c.model.split_closing_quotes = True
     c.model.d_model = 128
     c.model.n_layers = 4
     c.model.n_heads = 4
@@ -87,8 +86,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # expert's edit turn costs 10.5 nats (train trajectories) and 18.8 (held-out ones), against 11.4 and
     # 19.9 without; held-out solves stayed at 2 of 50.
     c.model.copy_head_lines = True
-    # The weight of a loss on the pointer alone during SFT (composer/model_config.py; 0: none).
-    c.model.copy_loss_coef = 0.0
+    # The weight of a loss on the pointer alone during SFT (composer/model_config.py; 0: none). With the
+    # quote split and 600 trajectories, teacher-forced on the 50 held-out expert edit turns: the file path
+    # wrong in 0 of 50 (49 of 50 without it), old_string's NLL after its first token 2.8 nats (4.6 with
+    # neither the split nor this loss), new_string's 8.0 (8.6).
+    c.model.copy_loss_coef = 0.2
     c.model.n_dense_layers = 0  # the first n layers use a dense SwiGLU MLP instead of experts
     c.model.d_ff_dense = 512
     c.model.max_seq_len = 2048  # longest sequence trained on (longer ones are cut)
@@ -294,6 +296,7 @@ def _gpu(c: ConfigDict) -> None:
     c.model.copy_head_ngram = 0
     c.model.copy_head_recency = False
     c.model.copy_head_lines = False
+    c.model.copy_loss_coef = 0.0
     c.moe.n_experts = 64
     c.moe.top_k = 8
     c.moe.d_ff = 768

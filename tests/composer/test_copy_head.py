@@ -275,5 +275,9 @@ def test_the_pointer_loss_trains_the_pointer_where_the_gate_is_closed():
     on, sums_on = grad_w_q(0.5)
     assert on > 100 * off, (on, off)
     np.testing.assert_allclose(sums_off["loss"].total, sums_on["loss"].total, rtol=1e-6)
+    # A model without a copy head ignores the weight.
+    plain = dataclasses.replace(base, copy_head_dim=0, copy_loss_coef=0.5)
+    _, sums_plain = train.sft_loss(model.init(jax.random.key(1), plain), batch, plain)
+    assert "pointer_loss" not in sums_plain
     # From the second repeat on every target follows an earlier copy of the same token.
     assert float(sums_on["pointer_loss"].count) >= 7 and float(sums_on["pointer_loss"].total) > 0
