@@ -20,7 +20,6 @@ and the test run, code from grep.
 
 import ast
 import dataclasses
-import random
 import re
 from pathlib import Path
 
@@ -42,6 +41,17 @@ TEST_COMMAND = "python -m pytest -q --tb=short tests"
 # most 7 lines long).
 DEFINITION_CONTEXT = 12
 TEST_CONTEXT = 6
+# The line of text before each step's calls: one wording per step. With two or three wordings a step, the
+# default SFT model mixed them ("The failing call goes through `f` and the failing test. Let me look at its
+# definition and ...") and, greedy, repeated a sentence until the turn's token limit, without a call: 12 of
+# 50 held-out episodes ended so at the search turn. The text carries the names the calls then copy.
+SAY = {
+    "reproduce": "I'll start by running the test suite.",
+    "search": "Let me find `{f}` and the test `{t}`.",
+    "trace": "`{p}` delegates to `{n}`. Let me find it.",
+    "verify": "Now let me run the tests again.",
+    "done": "The bug was in {loc}: {why} After the fix all {n} tests pass.",
+}
 EDIT_TOOLS = ("search_replace", "write", "delete_file")
 READ_TOOLS = ("read_file", "grep", "codebase_search", "glob_file_search", "list_dir")
 
@@ -85,7 +95,6 @@ class _Expert:
     def __init__(self, task: Task, ctx: ToolContext):
         self.task = task
         self.ctx = ctx
-        self.rng = random.Random(f"expert/{task.instance_id}")
         self.messages = [
             system_message(tool_schemas(), INSTRUCTIONS),
             Message("user", task.problem_statement),
@@ -102,9 +111,6 @@ class _Expert:
         self.tool_errors += sum(r.is_error for r in results)
         self.turn_tools.append([c.name for c in calls])
         return results
-
-    def say(self, options: tuple[str, ...], **fields) -> str:
-        return self.rng.choice(options).format(**fields)
 
     def first_edit_after_read(self) -> bool | None:
         for i, names in enumerate(self.turn_tools):
@@ -131,16 +137,7 @@ class _Expert:
         shown_file, shown_test = meta["shown_test"].split("::")
 
         # 1. REPRODUCE
-        self.turn(
-            self.say(
-                (
-                    "Let me run the tests first to reproduce the problem.",
-                    "I'll start by running the test suite.",
-                    "First, let me reproduce the failure by running the tests.",
-                )
-            ),
-            [_terminal(TEST_COMMAND)],
-        )
+        self.turn(SAY["reproduce"], [_terminal(TEST_COMMAND)])
 
         # 2. SEARCH for the entry point the report calls and for the failing test, two greps in one turn
         # (run in parallel), each showing the lines after its match: the definition's body and the test's.
@@ -151,19 +148,8 @@ class _Expert:
         entry = chain[0]
         shown = _display(entry["function"])
         test_name = shown_test.split(".")[-1]
-        if entry["function"].endswith(".__init__"):
-            options = (
-                "The problem starts when a `{f}` is created. Let me find the class and the failing test.",
-                "Let me find `{f}` and the test `{t}`.",
-            )
-        else:
-            options = (
-                "The failing call goes through `{f}`. Let me find its definition and the failing test.",
-                "`{f}` gives the wrong result. Let me look at its definition and at the test `{t}`.",
-                "Let me find `{f}` and the test `{t}`.",
-            )
         self.turn(
-            self.say(options, f=shown, t=test_name),
+            SAY["search"].format(f=shown, t=test_name),
             [
                 self._grep_definition(entry),
                 self._grep_code(shown_file, shown_test, rf"def {test_name}\(", TEST_CONTEXT),
@@ -174,15 +160,7 @@ class _Expert:
         previous = entry
         for step in chain[1:]:
             self.turn(
-                self.say(
-                    (
-                        "`{p}` delegates to `{n}`. Let me find it.",
-                        "The result comes from `{n}`, called in `{p}`. Let me look at its definition.",
-                        "`{p}` itself looks right; it calls `{n}`. Searching for it.",
-                    ),
-                    p=_display(previous["function"]),
-                    n=_display(step["function"]),
-                ),
+                SAY["trace"].format(p=_display(previous["function"]), n=_display(step["function"])),
                 [self._grep_definition(step)],
             )
             previous = step
@@ -206,21 +184,12 @@ class _Expert:
                 diagnosis = "And the next change in the same fix."
 
         # 5. VERIFY and finish.
-        results = self.turn(
-            self.say(
-                ("Now let me run the tests again.", "Let me re-run the tests.", "Running the tests again.")
-            ),
-            [_terminal(TEST_COMMAND)],
-        )
+        results = self.turn(SAY["verify"], [_terminal(TEST_COMMAND)])
         passed = re.search(r"(\d+) passed", results[0].text)
         failed = re.search(r"\d+ (failed|error)", results[0].text)
         location = f"`{_display(bug['function'])}` in `{bug['file']}`"
         if passed and not failed:
-            summary = self.say(
-                (
-                    "Fixed {loc}: {why} All {n} tests pass now.",
-                    "The bug was in {loc}: {why} After the fix all {n} tests pass.",
-                ),
+            summary = SAY["done"].format(
                 loc=location,
                 why=diagnosis_sentence(meta["family"], self.task.patch, _display(bug["function"])),
                 n=passed.group(1),
