@@ -4,6 +4,7 @@ Checkpoints every `checkpoint.every_steps` steps and at the end; a rerun resumes
 are drawn by step number, so a resumed run sees the same data as an uninterrupted one).
 """
 
+import re
 from pathlib import Path
 
 import jax
@@ -29,14 +30,54 @@ def turn_spans(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
 
 
-def sequences(data: Data, edit_weight: float = 1.0) -> list[dict]:
+def changed_tokens(ids: np.ndarray, start: int, end: int, tokenizer) -> list[int]:
+    """Positions in [start, end) (an assistant turn) of the tokens of each search_replace call's new_string
+    that write what differs from its old_string: between the two token sequences' common prefix and common
+    suffix (for a pure deletion, the token after the common prefix). Empty when the turn holds no such call
+    or its text cannot be split into tokens exactly."""
+    turn = [int(t) for t in ids[start:end]]
+    pieces = [tokenizer.decode([t]) for t in turn]
+    text = "".join(pieces)
+    if text != tokenizer.decode(turn):
+        return []  # a token that is not whole characters: offsets would not line up
+    ends = np.cumsum([len(p) for p in pieces])
+
+    def overlapping(lo: int, hi: int) -> list[int]:  # token i covers characters [ends[i - 1], ends[i])
+        return list(
+            range(
+                int(np.searchsorted(ends, lo, side="right")),
+                int(np.searchsorted(ends, hi - 1, side="right")) + 1,
+            )
+        )
+
+    out = []
+    for m in _EDIT_ARGS.finditer(text):
+        old = overlapping(m.start("old"), max(m.end("old"), m.start("old") + 1))
+        new = overlapping(m.start("new"), max(m.end("new"), m.start("new") + 1))
+        pre = 0
+        while pre < min(len(old), len(new)) and turn[old[pre]] == turn[new[pre]]:
+            pre += 1
+        suf = 0
+        while suf < min(len(old), len(new)) - pre and turn[old[-1 - suf]] == turn[new[-1 - suf]]:
+            suf += 1
+        changed = new[pre : len(new) - suf] or new[pre : pre + 1]
+        out.extend(start + i for i in changed)
+    return out
+
+
+# A search_replace call's two strings as the chat template renders them (JSON, old_string before new_string).
+_EDIT_ARGS = re.compile(r'"old_string": "(?P<old>(?:[^"\\]|\\.)*)", "new_string": "(?P<new>(?:[^"\\]|\\.)*)"')
+
+
+def sequences(data: Data, edit_weight: float = 1.0, change_weight: float = 1.0) -> list[dict]:
     """Each trajectory as token ids with the loss on the expert's (assistant) tokens only; the tokens of a
-    turn that edits a file weigh `edit_weight` times the others."""
+    turn that edits a file weigh `edit_weight` times the others, and within it the tokens that write the
+    change (`changed_tokens`) `change_weight` times more."""
     out = []
     for messages in data.trajectories:
         ids, mask = render(messages, data.tokenizer)
         weights = mask.astype(np.float32)
-        if edit_weight != 1.0:
+        if edit_weight != 1.0 or change_weight != 1.0:
             turns = [m for m in messages if m.role == "assistant"]
             spans = turn_spans(mask)
             if len(spans) != len(turns):
@@ -44,6 +85,7 @@ def sequences(data: Data, edit_weight: float = 1.0) -> list[dict]:
             for m, (start, end) in zip(turns, spans):
                 if any(tc.name in EDIT_TOOLS for tc in m.tool_calls):
                     weights[start:end] *= edit_weight
+                    weights[changed_tokens(ids, start, end, data.tokenizer)] *= change_weight
         out.append({"tokens": ids, "loss_mask": weights})
     return out
 
@@ -85,7 +127,7 @@ def run(config: ml_collections.ConfigDict, workdir: Path, data: Data, writer: Me
         ckpt.close()
         return learner.params, cfg
     finish_saves_on_sigterm(ckpt)
-    seqs = sequences(data, config.sft.edit_weight)
+    seqs = sequences(data, config.sft.edit_weight, config.sft.change_weight)
     lengths = np.array([len(s["tokens"]) for s in seqs])
     logging.info(
         "SFT: %d trajectories, tokens per trajectory: mean %d, max %d",

@@ -1,4 +1,5 @@
-"""SFT sequences: the loss on the expert's turns, with the edit turn weighted by sft.edit_weight."""
+"""SFT sequences: the loss on the expert's turns, with the edit turn weighted by sft.edit_weight and the
+tokens that write its change by sft.change_weight."""
 
 from types import SimpleNamespace
 
@@ -9,11 +10,9 @@ from composer import tokenizer as tk
 from composer.pipeline import sft
 
 
-def _trajectory() -> list[chat.Message]:
+def _trajectory(old: str = "a - b", new: str = "a + b") -> list[chat.Message]:
     grep = chat.ToolCall("grep", {"pattern": "def total\\("})
-    edit = chat.ToolCall(
-        "search_replace", {"file_path": "m.py", "old_string": "a - b", "new_string": "a + b"}
-    )
+    edit = chat.ToolCall("search_replace", {"file_path": "m.py", "old_string": old, "new_string": new})
     return [
         chat.Message("system", "sys"),
         chat.Message("user", "Bug: wrong total"),
@@ -45,3 +44,39 @@ def test_the_edit_turn_weighs_edit_weight_times_the_others():
     for k, (s, e) in enumerate(spans):
         assert (w[s:e] == (3.0 if k == 1 else 1.0)).all()
     assert w.sum() == plain["loss_mask"].sum() + 2.0 * edit_len
+
+
+def _changed_text(old: str, new: str, corpus: list[str]) -> str:
+    traj = _trajectory(old, new)
+    tok = tk.train_tokenizer([chat.render_text(traj)] * 10 + corpus, vocab_size=400)
+    data = SimpleNamespace(trajectories=[traj], tokenizer=tok)
+    plain = sft.sequences(data)[0]
+    weighted = sft.sequences(data, change_weight=5.0)[0]
+    idx = np.flatnonzero(weighted["loss_mask"] != plain["loss_mask"])
+    np.testing.assert_array_equal(weighted["loss_mask"][idx], 5.0)
+    return tok.decode([int(plain["tokens"][i]) for i in idx])
+
+
+def test_change_weight_falls_on_the_tokens_that_write_the_change():
+    corpus = ["x = a - b", "y = a + b", "return out", "    return out"]
+    text = _changed_text("a - b", "a + b", corpus)
+    assert text.strip() == "+"  # the operator of new_string only: not old_string's '-', not the shared a, b
+    # A longer change, in the middle: what new_string writes between the shared prefix and suffix.
+    text = _changed_text("total(rate, months)", "total(months, rate)", corpus)
+    assert "months" in text and "rate" in text and "total" not in text
+    # A pure deletion (a dedent): the token right after the common prefix, where the copy must stop.
+    text = _changed_text("        return out", "    return out", corpus)
+    assert text and "out" not in text
+
+
+def test_change_weight_leaves_turns_without_an_edit_alone():
+    traj = _trajectory()
+    tok = tk.train_tokenizer([chat.render_text(traj)] * 10, vocab_size=300)
+    data = SimpleNamespace(trajectories=[traj], tokenizer=tok)
+    plain = sft.sequences(data)[0]
+    weighted = sft.sequences(data, change_weight=5.0)[0]
+    spans = sft.turn_spans(plain["loss_mask"])
+    for k, (s, e) in enumerate(spans):
+        if k != 1:
+            np.testing.assert_array_equal(weighted["loss_mask"][s:e], plain["loss_mask"][s:e])
+    assert (weighted["loss_mask"] > plain["loss_mask"]).sum() >= 1
