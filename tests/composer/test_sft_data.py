@@ -29,12 +29,16 @@ def test_turn_spans_are_the_runs_of_ones():
     assert sft.turn_spans(np.zeros(4)) == []
 
 
+def _sequences(traj: list[chat.Message], corpus: tuple[str, ...] = (), vocab_size: int = 300, **weights):
+    """(tokenizer, the sequence without extra weights, the sequence with `weights`) of one trajectory."""
+    tok = tk.train_tokenizer([chat.render_text(traj)] * 10 + list(corpus), vocab_size=vocab_size)
+    data = SimpleNamespace(trajectories=[traj], tokenizer=tok)
+    return tok, sft.sequences(data)[0], sft.sequences(data, **weights)[0]
+
+
 def test_the_edit_turn_weighs_edit_weight_times_the_others():
     traj = _trajectory()
-    tok = tk.train_tokenizer([chat.render_text(traj)] * 10, vocab_size=300)
-    data = SimpleNamespace(trajectories=[traj], tokenizer=tok)
-    plain = sft.sequences(data)[0]
-    weighted = sft.sequences(data, edit_weight=3.0)[0]
+    tok, plain, weighted = _sequences(traj, edit_weight=3.0)
     np.testing.assert_array_equal(plain["tokens"], weighted["tokens"])
     spans = sft.turn_spans(plain["loss_mask"])
     assert len(spans) == 3  # one per assistant turn
@@ -46,19 +50,15 @@ def test_the_edit_turn_weighs_edit_weight_times_the_others():
     assert w.sum() == plain["loss_mask"].sum() + 2.0 * edit_len
 
 
-def _changed_text(old: str, new: str, corpus: list[str]) -> str:
-    traj = _trajectory(old, new)
-    tok = tk.train_tokenizer([chat.render_text(traj)] * 10 + corpus, vocab_size=400)
-    data = SimpleNamespace(trajectories=[traj], tokenizer=tok)
-    plain = sft.sequences(data)[0]
-    weighted = sft.sequences(data, change_weight=5.0)[0]
+def _changed_text(old: str, new: str, corpus: tuple[str, ...]) -> str:
+    tok, plain, weighted = _sequences(_trajectory(old, new), corpus, 400, change_weight=5.0)
     idx = np.flatnonzero(weighted["loss_mask"] != plain["loss_mask"])
     np.testing.assert_array_equal(weighted["loss_mask"][idx], 5.0)
     return tok.decode([int(plain["tokens"][i]) for i in idx])
 
 
 def test_change_weight_falls_on_the_tokens_that_write_the_change():
-    corpus = ["x = a - b", "y = a + b", "return out", "    return out"]
+    corpus = ("x = a - b", "y = a + b", "return out", "    return out")
     text = _changed_text("a - b", "a + b", corpus)
     assert text.strip() == "+"  # the operator of new_string only: not old_string's '-', not the shared a, b
     # A longer change, in the middle: what new_string writes between the shared prefix and suffix.
@@ -70,11 +70,7 @@ def test_change_weight_falls_on_the_tokens_that_write_the_change():
 
 
 def test_change_weight_leaves_turns_without_an_edit_alone():
-    traj = _trajectory()
-    tok = tk.train_tokenizer([chat.render_text(traj)] * 10, vocab_size=300)
-    data = SimpleNamespace(trajectories=[traj], tokenizer=tok)
-    plain = sft.sequences(data)[0]
-    weighted = sft.sequences(data, change_weight=5.0)[0]
+    _, plain, weighted = _sequences(_trajectory(), change_weight=5.0)
     spans = sft.turn_spans(plain["loss_mask"])
     for k, (s, e) in enumerate(spans):
         if k != 1:
