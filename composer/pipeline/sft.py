@@ -30,6 +30,10 @@ def turn_spans(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(edges[0::2].tolist(), edges[1::2].tolist()))
 
 
+# A search_replace call's two strings as the chat template renders them (JSON, old_string before new_string).
+_EDIT_ARGS = re.compile(r'"old_string": "(?P<old>(?:[^"\\]|\\.)*)", "new_string": "(?P<new>(?:[^"\\]|\\.)*)"')
+
+
 def changed_tokens(ids: np.ndarray, start: int, end: int, tokenizer) -> list[int]:
     """Positions in [start, end) (an assistant turn) of the tokens of each search_replace call's new_string
     that write what differs from its old_string: between the two token sequences' common prefix and common
@@ -42,7 +46,10 @@ def changed_tokens(ids: np.ndarray, start: int, end: int, tokenizer) -> list[int
         return []  # a token that is not whole characters: offsets would not line up
     ends = np.cumsum([len(p) for p in pieces])
 
-    def overlapping(lo: int, hi: int) -> list[int]:  # token i covers characters [ends[i - 1], ends[i])
+    def tokens_of(m: re.Match, group: str) -> list[int]:
+        """The turn's tokens that overlap the group's characters (an empty string: the token at its start);
+        token i covers characters [ends[i - 1], ends[i])."""
+        lo, hi = m.start(group), max(m.end(group), m.start(group) + 1)
         return list(
             range(
                 int(np.searchsorted(ends, lo, side="right")),
@@ -52,8 +59,7 @@ def changed_tokens(ids: np.ndarray, start: int, end: int, tokenizer) -> list[int
 
     out = []
     for m in _EDIT_ARGS.finditer(text):
-        old = overlapping(m.start("old"), max(m.end("old"), m.start("old") + 1))
-        new = overlapping(m.start("new"), max(m.end("new"), m.start("new") + 1))
+        old, new = tokens_of(m, "old"), tokens_of(m, "new")
         pre = 0
         while pre < min(len(old), len(new)) and turn[old[pre]] == turn[new[pre]]:
             pre += 1
@@ -63,10 +69,6 @@ def changed_tokens(ids: np.ndarray, start: int, end: int, tokenizer) -> list[int
         changed = new[pre : len(new) - suf] or new[pre : pre + 1]
         out.extend(start + i for i in changed)
     return out
-
-
-# A search_replace call's two strings as the chat template renders them (JSON, old_string before new_string).
-_EDIT_ARGS = re.compile(r'"old_string": "(?P<old>(?:[^"\\]|\\.)*)", "new_string": "(?P<new>(?:[^"\\]|\\.)*)"')
 
 
 def sequences(data: Data, edit_weight: float = 1.0, change_weight: float = 1.0) -> list[dict]:
