@@ -15,7 +15,8 @@ One iteration of the loop, phases as named below:
               each group takes the expert's own continuation from the group's start (its reads, or the
               report) as one more member (reward 1, off-policy: `guide_sequence`), so it has signal even
               when no sampled episode succeeded, and the update both raises the expert's turns and lowers
-              the failed episodes';
+              the failed episodes'; with `rl.expert_corrections`, each unsolved episode that read the
+              buggy code also gets the expert's edit turn at its own state (`correction_sequence`);
   UPDATE      one jitted, sharded rl_step over the batch (micro-batches scanned); the policy's log-probs are
               those of the tempered distribution the sampler drew from (`sampling.temperature`); with
               `rl.kl_coef` > 0, a KL term to the frozen starting (SFT) model; skipped, and counted
@@ -39,8 +40,8 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
+from composer import chat, sharding, train
 from composer import params as params_lib
-from composer import sharding, train
 from composer.checkpoint import Checkpointer, finish_saves_on_sigterm
 from composer.metrics import MetricsWriter
 from composer.pipeline import learner as learner_lib
@@ -48,7 +49,9 @@ from composer.pipeline import rollouts
 from composer.pipeline.evaluate import evaluate
 from composer.rl import advantages as adv_lib
 from composer.tokenizer import render
+from env.expert import TEST_COMMAND
 from env.rollout import iter_groups
+from env.rollout.episode import EDIT_TOOLS, READ_TOOLS
 
 # How many tasks past the ones needed the stream may use to replace dropped groups (errors, staleness).
 _STREAM_SLACK = 2
@@ -106,16 +109,100 @@ def guide_sequence(messages: list, prefix: list | None, tokenizer) -> dict:
     }
 
 
+def correction_prefix(messages: list, edit: chat.Message) -> list | None:
+    """Where the expert would make `edit` (its edit turn) in an episode's conversation `messages`: the
+    messages before the first assistant turn that follows a read whose results showed every line of the
+    edit's old_string. None when there is no such turn, or when an earlier turn could have changed the
+    workspace (any call but a read or the test command), so that the expert's edit might not apply."""
+    need = [
+        line.strip()
+        for call in edit.tool_calls
+        for line in str(call.arguments.get("old_string", "")).splitlines()
+        if line.strip()
+    ]
+    if not need:
+        return None
+    shown, reading = "", False
+    for i, m in enumerate(messages):
+        if m.role == "assistant":
+            if all(line in shown for line in need):
+                return list(messages[:i])
+            if not all(_harmless(c) for c in m.tool_calls):
+                return None
+            reading = bool(m.tool_calls) and all(c.name in READ_TOOLS for c in m.tool_calls)
+        elif m.role == "tool" and reading:
+            shown += m.content + "\n"
+    return None
+
+
+def _harmless(call) -> bool:
+    """A call that leaves the workspace as it was: a read, or the task's test command."""
+    if call.name in READ_TOOLS:
+        return True
+    return call.name == "run_terminal_cmd" and call.arguments.get("command") == TEST_COMMAND
+
+
+def correction_sequence(episode_messages: list, expert: list, tokenizer, max_len: int) -> dict | None:
+    """The expert's edit turn at an episode's own state, as one more member of its group (DAgger-style
+    relabelling): the episode's conversation up to where the expert would edit (`correction_prefix`), then
+    the expert's edit turn, trained on that turn alone; reward 1, off-policy. The edit is the one the expert
+    made on the same task from the same unchanged workspace in a trajectory that solved it.
+
+    Why: the episodes' edits fail after the policy's own reads (its greps, in its words), where the expert's
+    trajectories never were; the guide (`guide_sequence`) teaches the edit only after the expert's reads.
+    Beside the episode's own edit at the same state, with its negative advantage, the update contrasts the
+    two at the token where they part (for the default model, mostly the changed token the copy head copies
+    from the old line). None when there is no such state (see correction_prefix), when the episode's own
+    turn there already is the expert's, or when the sequence would be longer than `max_len` tokens."""
+    i = next((i for i, m in enumerate(expert) if m.role == "assistant" and _edits(m)), None)
+    if i is None:
+        return None
+    edit = expert[i]
+    prefix = correction_prefix(episode_messages, edit)
+    if prefix is None:
+        return None
+    own = episode_messages[len(prefix)] if len(prefix) < len(episode_messages) else None
+    if own is not None and own.tool_calls == edit.tool_calls:
+        return None
+    seq = guide_sequence([*prefix, edit], prefix, tokenizer)
+    return seq if len(seq["tokens"]) <= max_len else None
+
+
+def group_corrections(
+    group: list, expert: list | None, members: list[dict], tokenizer, max_len: int
+) -> list[dict]:
+    """The corrections (correction_sequence) of a group's unsolved episodes, each state once, and none that
+    only repeats the start of a member's tokens (`members`: the group's other extra members; an episode
+    that started from the expert's reads and failed there gets the guide's own edit, which the guide
+    already trains)."""
+    out = []
+    for r in group if expert is not None else ():
+        if r.reward != 0.0:
+            continue
+        x = correction_sequence(r.messages, expert, tokenizer, max_len)
+        if x is not None and not any(_starts_with(m["tokens"], x["tokens"]) for m in [*members, *out]):
+            out.append(x)
+    return out
+
+
+def _starts_with(tokens: np.ndarray, prefix: np.ndarray) -> bool:
+    return len(prefix) <= len(tokens) and bool((tokens[: len(prefix)] == prefix).all())
+
+
+def _edits(m: chat.Message) -> bool:
+    return any(c.name in EDIT_TOOLS for c in m.tool_calls)
+
+
 def _sequences(
-    groups: list[list], algorithm: str, guides: list | None = None
+    groups: list[list], algorithm: str, extras: list[list[dict]] | None = None
 ) -> tuple[list[dict], np.ndarray]:
     """Training sequences of the groups' episodes, with per-sequence group advantages (for 'gae': zeros,
     replaced by per-token GAE under the critic in ppo_targets), and the groups' rewards [groups, size].
-    `guides[i]`, when not None, joins group i as one more member (guide_sequence) before its advantages
+    `extras[i]` (off-policy members: the expert's guide, corrections) join group i before its advantages
     are computed; the rewards returned are the episodes' only."""
-    guides = guides or [None] * len(groups)
+    extras = extras or [[] for _ in groups]
     seqs = []
-    for group, guide in zip(groups, guides, strict=True):
+    for group, extra in zip(groups, extras, strict=True):
         members = [
             {
                 "tokens": np.asarray(r.ids, np.int32),
@@ -126,7 +213,7 @@ def _sequences(
                 "off_policy": 0.0,
             }
             for r in group
-        ] + ([guide] if guide is not None else [])
+        ] + list(extra)
         rewards = np.array([[m["rewards"] for m in members]], np.float32)
         if algorithm == "gae":
             advantages = np.zeros(rewards.size, np.float32)
@@ -288,7 +375,14 @@ def run(
             # ADVANTAGE (each group with the expert's continuation from its start, when guided)
             guides = [guide(g[0].task_id) for g in batch]
             counts["guided_groups"] += sum(x is not None for x in guides)
-            seqs, rewards = _sequences(batch, rl.algorithm, guides)
+            extras = [[x] if x is not None else [] for x in guides]
+            if rl.expert_corrections:
+                for group, extra in zip(batch, extras):
+                    expert = data.expert_by_task.get(group[0].task_id)
+                    fixes = group_corrections(group, expert, extra, tokenizer, config.model.max_seq_len)
+                    extra.extend(fixes)
+                    counts["corrections"] += len(fixes)
+            seqs, rewards = _sequences(batch, rl.algorithm, extras)
             # UPDATE (skipped when the batch carries no signal: see has_policy_signal)
             t0 = time.time()
             if has_policy_signal(seqs, rl):

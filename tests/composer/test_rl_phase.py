@@ -141,7 +141,7 @@ def test_a_guide_gives_an_unsolved_group_signal(algorithm):
     guide = {"tokens": np.array([1, 2, 3, 4], np.int32), "loss_mask": np.array([0, 0, 1, 1], np.float32),
              "sampler_logprobs": np.zeros(4, np.float32), "rewards": 1.0, "truncated": False,
              "off_policy": 1.0}  # fmt: skip
-    seqs, rewards = rl._sequences(_groups([[0, 0, 0], [0, 0, 0]]), algorithm, [guide, None])
+    seqs, rewards = rl._sequences(_groups([[0, 0, 0], [0, 0, 0]]), algorithm, [[guide], []])
     assert rewards.shape == (2, 3) and not rewards.any()  # the episodes' rewards only
     assert len(seqs) == 7
     adv = [s["advantages"] for s in seqs]
@@ -157,3 +157,111 @@ def test_a_guide_from_the_report_trains_every_expert_turn():
     tok = _tokenizer(messages)
     guide = rl.guide_sequence(messages, None, tok)
     np.testing.assert_array_equal(guide["loss_mask"], render(messages, tok)[1])
+
+
+def _expert_and_episode():
+    """The expert's trajectory on a task, and an episode on it whose own reads show the buggy line and whose
+    edit changes nothing (old_string copied into new_string)."""
+    from env.expert import TEST_COMMAND
+
+    test = chat.ToolCall("run_terminal_cmd", {"command": TEST_COMMAND, "is_background": False})
+    grep = chat.ToolCall("grep", {"pattern": r"def total\(", "-A": 12})
+    fix = {"file_path": "pkg/mod.py", "old_string": "    return a - b", "new_string": "    return a + b"}
+    code = "pkg/mod.py:1:def total(a, b):\npkg/mod.py-2-    return a - b"
+    edit = chat.ToolCall("search_replace", fix)
+    expert = [
+        chat.Message("system", "sys"),
+        chat.Message("user", "Bug: wrong total"),
+        chat.Message("assistant", "I'll start by running the test suite.", [test]),
+        chat.Message("tool", "1 failed"),
+        chat.Message("assistant", "Let me find `total`.", [grep]),
+        chat.Message("tool", code),
+        chat.Message("assistant", "Found the bug in `total`. Let me fix it.", [edit]),
+        chat.Message("tool", "updated"),
+        chat.Message("assistant", "Done."),
+    ]
+    noop = dict(fix, new_string=fix["old_string"])
+    episode = [
+        *expert[:4],
+        chat.Message("assistant", "Let me look for it.", [chat.ToolCall("grep", {"pattern": "total"})]),
+        chat.Message("tool", "tests/test_mod.py:3:    assert total(1, 2) == 3"),
+        chat.Message("assistant", "And its definition.", [grep]),
+        chat.Message("tool", code),
+        chat.Message("assistant", "Fixing it.", [chat.ToolCall("search_replace", noop)]),
+        chat.Message("tool", "Error: new_string is the same as old_string"),
+        chat.Message("assistant", "Done."),
+    ]
+    return expert, episode
+
+
+def test_a_correction_puts_the_expert_edit_where_the_episode_saw_the_code():
+    from composer.tokenizer import render
+
+    expert, episode = _expert_and_episode()
+    tok = _tokenizer(expert + episode)
+    # The first turn after the read that showed `return a - b` (not after the grep that missed it).
+    assert rl.correction_prefix(episode, expert[6]) == episode[:8]
+    seq = rl.correction_sequence(episode, expert, tok, max_len=4096)
+    ids, _ = render([*episode[:8], expert[6]], tok)
+    np.testing.assert_array_equal(seq["tokens"], ids)
+    want = len(tok.encode(chat.assistant_body(expert[6]) + "<|im_end|>"))
+    n_prefix = len(render(episode[:8], tok)[0])
+    assert seq["loss_mask"].sum() == want and not seq["loss_mask"][:n_prefix].any()
+    assert seq["rewards"] == 1.0 and seq["off_policy"] == 1.0
+    # Too long for the learner: none.
+    assert rl.correction_sequence(episode, expert, tok, max_len=len(ids) - 1) is None
+
+
+def test_no_correction_without_the_code_shown_or_after_a_change_to_the_workspace():
+    expert, episode = _expert_and_episode()
+    tok = _tokenizer(expert + episode)
+    # The episode never read the buggy line.
+    assert rl.correction_sequence(episode[:6] + episode[-1:], expert, tok, 4096) is None
+    # The code only in the test run's output (a traceback), not in a read: not yet where the expert edits.
+    shown_by_tests = [*episode[:3], chat.Message("tool", "pkg/mod.py:2: return a - b"), episode[-1]]
+    assert rl.correction_prefix(shown_by_tests, expert[6]) is None
+    # A terminal command other than the tests may have changed the files.
+    sed = chat.ToolCall("run_terminal_cmd", {"command": "sed -i s/-/+/ pkg/mod.py"})
+    changed = [*episode[:2], chat.Message("assistant", "Patching.", [sed]), *episode[3:]]
+    assert rl.correction_prefix(changed, expert[6]) is None
+    # The episode's own turn there already is the expert's edit: nothing to add.
+    same = [*episode[:8], expert[6], *episode[9:]]
+    assert rl.correction_sequence(same, expert, tok, 4096) is None
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "drgrpo", "rloo"])
+def test_corrections_join_the_guide_in_the_group(algorithm):
+    member = {"tokens": np.array([1, 2, 3, 4], np.int32), "loss_mask": np.array([0, 0, 1, 1], np.float32),
+              "sampler_logprobs": np.zeros(4, np.float32), "rewards": 1.0, "truncated": False,
+              "off_policy": 1.0}  # fmt: skip
+    seqs, rewards = rl._sequences(_groups([[0, 0, 0, 0]]), algorithm, [[member, member, member]])
+    assert rewards.shape == (1, 4) and len(seqs) == 7
+    adv = np.array([s["advantages"] for s in seqs])
+    assert (adv[:4] < 0).all() and (adv[4:] > 0).all()
+    np.testing.assert_allclose(adv[4:], adv[4])
+
+
+def test_a_group_gets_each_correction_once_and_none_the_guide_holds():
+    expert, episode = _expert_and_episode()
+    tok = _tokenizer(expert + episode)
+
+    def ep(messages, reward=0.0):
+        return SimpleNamespace(messages=messages, reward=reward)
+
+    # Two unsolved episodes at the same state, one solved: one correction.
+    group = [ep(episode), ep(episode), ep(episode, reward=1.0)]
+    fixes = rl.group_corrections(group, expert, [], tok, 4096)
+    assert len(fixes) == 1
+    np.testing.assert_array_equal(
+        fixes[0]["tokens"], rl.correction_sequence(episode, expert, tok, 4096)["tokens"]
+    )
+    # An episode that failed from the expert's reads: its correction is the start of the guide's sequence.
+    from_start = [
+        *expert[:6],
+        chat.Message("assistant", "Fixing.", [chat.ToolCall("grep", {"pattern": "x"})]),
+    ]
+    guide = rl.guide_sequence(expert, rollouts.before_first_edit(expert), tok)
+    assert rl.group_corrections([ep(from_start)], expert, [], tok, 4096)
+    assert rl.group_corrections([ep(from_start)], expert, [guide], tok, 4096) == []
+    # No expert trajectory for the task: none.
+    assert rl.group_corrections(group, None, [], tok, 4096) == []
