@@ -51,7 +51,7 @@ from composer.rl import advantages as adv_lib
 from composer.tokenizer import render
 from env.expert import TEST_COMMAND
 from env.rollout import iter_groups
-from env.rollout.episode import EDIT_TOOLS, READ_TOOLS
+from env.rollout.episode import READ_TOOLS
 
 # How many tasks past the ones needed the stream may use to replace dropped groups (errors, staleness).
 _STREAM_SLACK = 2
@@ -154,10 +154,10 @@ def correction_sequence(episode_messages: list, expert: list, tokenizer, max_len
     two at the token where they part (for the default model, mostly the changed token the copy head copies
     from the old line). None when there is no such state (see correction_prefix), when the episode's own
     turn there already is the expert's, or when the sequence would be longer than `max_len` tokens."""
-    i = next((i for i, m in enumerate(expert) if m.role == "assistant" and _edits(m)), None)
-    if i is None:
+    before = rollouts.before_first_edit(expert)
+    if before is None:
         return None
-    edit = expert[i]
+    edit = expert[len(before)]
     prefix = correction_prefix(episode_messages, edit)
     if prefix is None:
         return None
@@ -187,10 +187,6 @@ def group_corrections(
 
 def _starts_with(tokens: np.ndarray, prefix: np.ndarray) -> bool:
     return len(prefix) <= len(tokens) and bool((tokens[: len(prefix)] == prefix).all())
-
-
-def _edits(m: chat.Message) -> bool:
-    return any(c.name in EDIT_TOOLS for c in m.tool_calls)
 
 
 def _sequences(
