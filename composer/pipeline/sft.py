@@ -87,7 +87,8 @@ def sequences(data: Data, edit_weight: float = 1.0, change_weight: float = 1.0) 
             for m, (start, end) in zip(turns, spans):
                 if any(tc.name in EDIT_TOOLS for tc in m.tool_calls):
                     weights[start:end] *= edit_weight
-                    weights[changed_tokens(ids, start, end, data.tokenizer)] *= change_weight
+                    if change_weight != 1.0:
+                        weights[changed_tokens(ids, start, end, data.tokenizer)] *= change_weight
         out.append({"tokens": ids, "loss_mask": weights})
     return out
 
