@@ -28,6 +28,7 @@ which the sandbox contains but this check cannot exclude.
 """
 
 import dataclasses
+import difflib
 import functools
 import importlib.metadata
 import os
@@ -41,7 +42,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from env.sandbox import SANDBOX_ROOT, Limits, Sandbox, make_workspace, remove_workspace
-from env.tasks.diffs import PatchError, apply_patch, patch_paths, remove_entry, safe_path, write_file
+from env.tasks.diffs import (
+    PatchError,
+    apply_patch,
+    make_tree_diff,
+    patch_paths,
+    remove_entry,
+    safe_path,
+    write_file,
+)
 from env.tasks.task import Task, junit_path
 
 OUTCOMES = ("passed", "failed", "error", "skipped", "missing")
@@ -117,12 +126,15 @@ def grade(
       fail_to_pass, pass_to_pass    fraction of each group that passed
       tamper_suspected              1.0 when a changed source file uses a TAMPER_TOKENS word (reward 0)
       timed_out                     1.0 when the test command hit task.timeout_s
+      patch_similarity              how close the episode's source changes are to the gold patch, in [0, 1]
+                                    (see `patch_similarity`): a dense signal where the reward is sparse
     """
     workspace = Path(workspace)
     copy, notes = _grading_copy(workspace)
     try:
         notes += restore(task, copy)
         suspects = tamper_suspects(task, copy)
+        similarity = patch_similarity(task, copy)
         limits = limits or Limits(timeout_s=task.timeout_s)
         with Sandbox(copy, limits=limits, isolation=isolation) as box:
             run = box.run(task.test_cmd, timeout=task.timeout_s)
@@ -139,6 +151,7 @@ def grade(
         "pass_to_pass": sum(keep) / len(keep) if keep else 1.0,
         "tamper_suspected": float(bool(suspects)),
         "timed_out": float(run.timed_out),
+        "patch_similarity": similarity,
     }
     if first_edit_after_read is not None:
         components["searched_or_read_before_edit"] = float(first_edit_after_read)
@@ -351,6 +364,38 @@ def tamper_suspects(task: Task, tree: Path) -> list[str]:
         if text != before and any(text.count(t) > before.count(t) for t in TAMPER_TOKENS):
             out.append(rel)
     return out
+
+
+def source_diff(task: Task, tree: Path) -> str:
+    """The diff of `tree`'s source files (outside the test directories) against the task's repo, in the
+    format of the gold patch. Files are read up to MAX_SOURCE_BYTES."""
+    roots = set(graded_roots(task))
+    old, new = {}, {}
+    for rel in changed_files(task.repo, tree, ignore=junit_path(task.test_cmd)):
+        if rel.split("/")[0] in roots:
+            continue
+        for side, root in ((old, task.repo), (new, tree)):
+            path = root / rel
+            if _regular(path):
+                with open(path, "rb") as f:
+                    side[rel] = f.read(MAX_SOURCE_BYTES).decode(errors="replace")
+    return make_tree_diff(old, new)
+
+
+def patch_similarity(task: Task, tree: Path) -> float:
+    """difflib's ratio between the source diff of `tree` (`source_diff`) and the gold patch, in [0, 1]: 0
+    for no change, 1 for the gold patch itself; an edit of the right lines scores near 1 even when the fix
+    is wrong (the hunks' headers and context match), an edit elsewhere in the right file about half. Only
+    the first `_SIMILARITY_SPAN` x the gold patch's length of the diff is compared (a diff that long scores
+    under 2 / (1 + _SIMILARITY_SPAN) anyway), which bounds the quadratic matcher's time."""
+    gold = task.patch
+    diff = source_diff(task, tree)[: _SIMILARITY_SPAN * max(len(gold), 1)]
+    if not diff or not gold:
+        return float(diff == gold)
+    return difflib.SequenceMatcher(None, diff, gold, autojunk=False).ratio()
+
+
+_SIMILARITY_SPAN = 8
 
 
 def unrelated_edits(task: Task, workspace: Path, edited_files: Iterable[str] | None) -> list[str]:

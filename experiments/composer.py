@@ -187,6 +187,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # seed 0 and 3 with seed 1; with corrections (seed 0), 9. RL's seed moves the result more than
     # corrections do, so they stay off until measured over several seeds.
     c.rl.expert_corrections = False
+    # Shaping: an unsolved episode's reward is this x its patch similarity to the gold patch (env/reward.py:
+    # patch_similarity; composer/pipeline/rl.py:shaped_reward), so failed groups still rank their edits
+    # (0: the binary reward alone).
+    c.rl.similarity_reward = 0.0
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups
     # A batch whose advantages are all zero is not trained on (the step still counts): an update that

@@ -15,6 +15,7 @@ from composer.pipeline.next_call import TURN_KEY
 
 SUMMARY_ROWS = (
     ("held-out solve rate", "solve_rate", "{:.1%}"),
+    ("patch similarity to gold", "patch_similarity", "{:.3f}"),
     ("mean turns", "mean_turns", "{:.2f}"),
     ("tool calls per episode", "tool_calls_per_episode", "{:.2f}"),
     ("tool-call error rate", "tool_error_rate", "{:.1%}"),

@@ -189,13 +189,25 @@ def _starts_with(tokens: np.ndarray, prefix: np.ndarray) -> bool:
     return len(prefix) <= len(tokens) and bool((tokens[: len(prefix)] == prefix).all())
 
 
+def shaped_reward(result, similarity_reward: float) -> float:
+    """The reward an episode's advantage is computed from: its grade's reward (1 solved, 0 not) and, when
+    unsolved, `similarity_reward` x how close its source changes came to the gold patch (the grade's
+    `patch_similarity` component, env/reward.py). A dense term for a policy that rarely solves: within a
+    group of failures, an edit at the buggy lines outranks one elsewhere, and any edit a no-op or a broken
+    call. Kept below 1 so a solve still outranks every failure."""
+    if result.reward > 0 or similarity_reward == 0:
+        return float(result.reward)
+    return similarity_reward * float(result.components.get("patch_similarity", 0.0))
+
+
 def _sequences(
-    groups: list[list], algorithm: str, extras: list[list[dict]] | None = None
+    groups: list[list], algorithm: str, extras: list[list[dict]] | None = None, similarity_reward: float = 0.0
 ) -> tuple[list[dict], np.ndarray]:
     """Training sequences of the groups' episodes, with per-sequence group advantages (for 'gae': zeros,
     replaced by per-token GAE under the critic in ppo_targets), and the groups' rewards [groups, size].
     `extras[i]` (off-policy members: the expert's guide, corrections) join group i before its advantages
-    are computed; the rewards returned are the episodes' only."""
+    are computed; the rewards returned are the episodes' only, unshaped. The episodes' rewards for the
+    advantages are `shaped_reward`s."""
     extras = extras or [[] for _ in groups]
     seqs = []
     for group, extra in zip(groups, extras, strict=True):
@@ -204,7 +216,7 @@ def _sequences(
                 "tokens": np.asarray(r.ids, np.int32),
                 "loss_mask": np.asarray(r.loss_mask, np.float32),
                 "sampler_logprobs": np.asarray(r.logprobs, np.float32),
-                "rewards": float(r.reward),
+                "rewards": shaped_reward(r, similarity_reward),
                 "truncated": bool(r.truncated),
                 "off_policy": 0.0,
             }
@@ -355,7 +367,8 @@ def run(
                 counts["episodes_expert_start"] += len(group)
                 counts["solved_expert_start"] += sum(r.reward for r in group)
             # A guided group (below) always holds a reward of 1, so only all-solved ones lack signal.
-            rewards_seen = {r.reward for r in group} | ({1.0} if guide(group[0].task_id) else set())
+            rewards_seen = {shaped_reward(r, rl.similarity_reward) for r in group}
+            rewards_seen |= {1.0} if guide(group[0].task_id) else set()
             if rl.dynamic_sampling and len(rewards_seen) == 1:
                 # Replace it, up to the budget; past it (a policy that solves all or nothing) keep it, so
                 # the run goes on: its advantages are zero, it moves only the auxiliary losses.
@@ -378,7 +391,7 @@ def run(
                     fixes = group_corrections(group, expert, extra, tokenizer, config.model.max_seq_len)
                     extra.extend(fixes)
                     counts["corrections"] += len(fixes)
-            seqs, rewards = _sequences(batch, rl.algorithm, extras)
+            seqs, rewards = _sequences(batch, rl.algorithm, extras, rl.similarity_reward)
             # UPDATE (skipped when the batch carries no signal: see has_policy_signal)
             t0 = time.time()
             if has_policy_signal(seqs, rl):
@@ -406,6 +419,7 @@ def run(
                 mean_turns=float(np.mean([r.n_turns for r in flat])),
                 tool_error_rate=sum(r.n_tool_errors for r in flat)
                 / max(sum(r.n_tool_calls for r in flat), 1),
+                patch_similarity=float(np.mean([r.components.get("patch_similarity", 0.0) for r in flat])),
                 update_s=time.time() - t0,
                 rollout_s=rollout_s,
                 **{k: sampler_stats[k] for k in ("occupancy", "tokens_per_s", "prefill_share")},

@@ -133,6 +133,10 @@ def episode_stats(results: list) -> dict[str, float]:
         "edited_share": len(edited) / max(len(results), 1),
         "searched_before_edit_share": sum(bool(r.searched_before_edit) for r in edited) / max(len(edited), 1),
         "truncated_share": sum(r.truncated for r in results) / max(len(results), 1),
+        # A dense companion of solve_rate: how close the episodes' edits came to the gold patches.
+        "patch_similarity": statistics.fmean(r.components.get("patch_similarity", 0.0) for r in graded)
+        if graded
+        else 0.0,
         **{
             f"truncated_{limit}_share": sum(r.truncation == limit for r in results) / max(len(results), 1)
             for limit in TRUNCATIONS

@@ -12,12 +12,17 @@ from composer.pipeline import rl, rollouts
 from experiments import composer as experiment
 
 
-def _groups(rewards: list[list[float]]) -> list[list[SimpleNamespace]]:
-    def episode(reward):
+def _groups(
+    rewards: list[list[float]], similarity: list[list[float]] | None = None
+) -> list[list[SimpleNamespace]]:
+    def episode(reward, sim):
         return SimpleNamespace(ids=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -1.0, -2.0], reward=reward,
-                               truncated=False)  # fmt: skip
+                               truncated=False, components={"patch_similarity": sim})  # fmt: skip
 
-    return [[episode(r) for r in g] for g in rewards]
+    similarity = similarity or [[0.0] * len(g) for g in rewards]
+    return [
+        [episode(r, x) for r, x in zip(g, xs, strict=True)] for g, xs in zip(rewards, similarity, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "drgrpo", "rloo"])
@@ -28,6 +33,24 @@ def test_all_equal_groups_carry_no_signal_and_mixed_ones_do(algorithm):
     assert not rl.has_policy_signal(seqs, config.rl)
     seqs, _ = rl._sequences(_groups([[0, 0, 0, 0], [0, 1, 0, 0]]), algorithm)
     assert rl.has_policy_signal(seqs, config.rl)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "drgrpo", "rloo"])
+def test_similarity_shaping_ranks_failed_episodes_below_every_solve(algorithm):
+    (solved, near, far, unknown), *_ = _groups([[1, 0, 0, 0]], [[0.2, 0.9, 0.3, 0.0]])
+    del unknown.components["patch_similarity"]
+    assert [rl.shaped_reward(r, 0.5) for r in (solved, near, far, unknown)] == [1.0, 0.45, 0.15, 0.0]
+    assert [rl.shaped_reward(r, 0.0) for r in (solved, near, far)] == [1.0, 0.0, 0.0]
+    config = experiment.get_config()
+    failed = _groups([[0, 0, 0]], [[0.9, 0.3, 0.3]])
+    seqs, rewards = rl._sequences(failed, algorithm)
+    assert not rl.has_policy_signal(seqs, config.rl)  # unshaped: three failures are alike
+    seqs, rewards = rl._sequences(failed, algorithm, similarity_reward=0.5)
+    assert rl.has_policy_signal(seqs, config.rl)
+    advantages = [s["advantages"] for s in seqs]
+    assert advantages[0] > 0 > advantages[1] == advantages[2]
+    assert [s["rewards"] for s in seqs] == pytest.approx([0.45, 0.15, 0.15])
+    assert rewards.tolist() == [[0.0, 0.0, 0.0]]  # the episodes' own rewards, as logged
 
 
 @pytest.mark.parametrize(

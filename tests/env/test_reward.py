@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from env.reward import changed_files, grade, read_outcomes, restore
+from env.reward import changed_files, grade, patch_similarity, read_outcomes, restore, source_diff
 from env.tasks import generate_task
 from env.tasks.diffs import apply_patch
 
@@ -49,6 +49,7 @@ def test_gold_scores_one_and_buggy_zero(task, tmp_path):
     assert {result.tests[t] for t in task.FAIL_TO_PASS} == {"failed"}
     assert {result.tests[t] for t in task.PASS_TO_PASS} == {"passed"}
     assert result.components["fail_to_pass"] == 0.0 and result.components["pass_to_pass"] == 1.0
+    assert result.components["patch_similarity"] == 0.0
     assert "failed" in result.output
 
     before = _snapshot(ws)
@@ -63,8 +64,41 @@ def test_gold_scores_one_and_buggy_zero(task, tmp_path):
     assert result.components["edited_unrelated_files"] == 0.0
     assert result.components["searched_or_read_before_edit"] == 1.0
     assert result.components["tamper_suspected"] == 0.0 and result.components["timed_out"] == 0.0
+    assert result.components["patch_similarity"] == 1.0
     assert _snapshot(ws) == fixed != before  # grading worked on a copy
     assert "searched_or_read_before_edit" not in grade(task, ws).components  # unknown: absent
+
+
+def _changed_lines(patch: str, sign: str) -> list[str]:
+    return [
+        line[1:] for line in patch.splitlines() if line.startswith(sign) and not line.startswith(sign * 3)
+    ]
+
+
+def test_patch_similarity_ranks_edits_by_how_near_they_come_to_the_gold_patch(task, tmp_path):
+    ws = _workspace(task, tmp_path, fixed=False)
+    assert source_diff(task, ws) == "" and patch_similarity(task, ws) == 0.0
+    bug_file = ws / task.metadata["bug"]["file"]
+    original = bug_file.read_text()
+    # A wrong change on the line the gold patch changes, and one on the file's first line.
+    line = _changed_lines(task.patch, "-")[0]
+    bug_file.write_text(original.replace(line, line + "  # changed", 1))
+    right_place = patch_similarity(task, ws)
+    first = original.splitlines(keepends=True)[0]
+    bug_file.write_text(original.replace(first, "# changed\n" + first, 1))
+    elsewhere = patch_similarity(task, ws)
+    assert 1.0 > right_place > elsewhere > 0.0
+    # Edits to the tests and new files under them are not the source diff; the gold patch scores 1.
+    bug_file.write_text(original)
+    test_file = next(p for p in (ws / "tests").rglob("*.py"))
+    test_file.write_text(test_file.read_text() + "\n# notes\n")
+    (ws / "tests" / "conftest.py").write_text("x = 1\n")
+    assert patch_similarity(task, ws) == 0.0
+    apply_patch(ws, task.patch)
+    assert source_diff(task, ws) == task.patch and patch_similarity(task, ws) == 1.0
+    # A sprawling change scores low, however large.
+    (ws / "sprawl.py").write_text("x = 1\n" * 100_000)
+    assert patch_similarity(task, ws) < 0.25
 
 
 def test_weakened_tests_earn_nothing(task, tmp_path):
