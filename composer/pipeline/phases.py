@@ -92,8 +92,12 @@ def run_pipeline(config: ml_collections.ConfigDict, workdir: Path, only: str | N
         writer.write("eval", rl_step, after)
     finally:
         writer.close()
-    plot_curves(workdir, {"RL reward": ("rl", "reward_all"), "held-out solve rate": ("eval", "solve_rate")},
-                "curves.png")  # fmt: skip
+    curves = {
+        "RL reward": ("rl", "reward_all"),
+        "held-out solve rate": ("eval", "solve_rate"),
+        "held-out patch similarity": ("eval", "patch_similarity"),
+    }
+    plot_curves(workdir, curves, "curves.png")
     plot_curves(workdir, {"SFT loss": ("sft", "loss"), "RL loss": ("rl", "loss")}, "losses.png")
     table = summary_table(before, after)
     wall = time.time() - t0
