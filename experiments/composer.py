@@ -189,7 +189,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.rl.expert_corrections = False
     # Shaping: an unsolved episode's reward is this x its patch similarity to the gold patch (env/reward.py:
     # patch_similarity; composer/pipeline/rl.py:shaped_reward), so failed groups still rank their edits
-    # (0: the binary reward alone).
+    # (0: the binary reward alone). From one SFT model (8 of 200 held-out tasks, greedy), 4 steps solved
+    # 8 / 5 (seeds 0 / 1) without it, 9 / 5 with 0.5; with 0.5 and no guidance 7 / 9, and 12 such steps
+    # 4 / 7. All within RL's seed spread, so off.
     c.rl.similarity_reward = 0.0
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups
