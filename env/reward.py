@@ -90,6 +90,8 @@ TAMPER_TOKENS = (
 MAX_REPORT_BYTES = 8 << 20
 MAX_SOURCE_BYTES = 4 << 20
 MAX_OUTPUT_CHARS = 20_000
+# patch_similarity compares at most this many times the gold patch's length of an episode's diff.
+_SIMILARITY_SPAN = 8
 _IGNORED_DIRS = ("__pycache__", ".pytest_cache", ".ruff_cache", ".git")
 
 
@@ -347,6 +349,15 @@ def _source_files(root: Path) -> dict[str, Path]:
     return {p.relative_to(root).as_posix(): p for p in _files(root) if p.suffix == ".py" and _regular(p)}
 
 
+def _read_source(path: Path) -> str | None:
+    """The first MAX_SOURCE_BYTES of a model-written file as text; None if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_SOURCE_BYTES).decode(errors="replace")
+    except OSError:
+        return None
+
+
 def tamper_suspects(task: Task, tree: Path) -> list[str]:
     """Changed or new .py files outside the test directories whose text gains a TAMPER_TOKENS word."""
     roots = set(graded_roots(task))
@@ -355,10 +366,8 @@ def tamper_suspects(task: Task, tree: Path) -> list[str]:
     for rel, path in sorted(_source_files(tree).items()):
         if rel.split("/")[0] in roots:
             continue
-        try:
-            with open(path, "rb") as f:
-                text = f.read(MAX_SOURCE_BYTES).decode(errors="replace")
-        except OSError:
+        text = _read_source(path)
+        if text is None:
             continue
         before = original[rel].read_text() if rel in original else ""
         if text != before and any(text.count(t) > before.count(t) for t in TAMPER_TOKENS):
@@ -375,10 +384,9 @@ def source_diff(task: Task, tree: Path) -> str:
         if rel.split("/")[0] in roots:
             continue
         for side, root in ((old, task.repo), (new, tree)):
-            path = root / rel
-            if _regular(path):
-                with open(path, "rb") as f:
-                    side[rel] = f.read(MAX_SOURCE_BYTES).decode(errors="replace")
+            text = _read_source(root / rel) if _regular(root / rel) else None
+            if text is not None:
+                side[rel] = text
     return make_tree_diff(old, new)
 
 
@@ -393,9 +401,6 @@ def patch_similarity(task: Task, tree: Path) -> float:
     if not diff or not gold:
         return float(diff == gold)
     return difflib.SequenceMatcher(None, diff, gold, autojunk=False).ratio()
-
-
-_SIMILARITY_SPAN = 8
 
 
 def unrelated_edits(task: Task, workspace: Path, edited_files: Iterable[str] | None) -> list[str]:

@@ -193,8 +193,8 @@ def shaped_reward(result, similarity_reward: float) -> float:
     """The reward an episode's advantage is computed from: its grade's reward (1 solved, 0 not) and, when
     unsolved, `similarity_reward` x how close its source changes came to the gold patch (the grade's
     `patch_similarity` component, env/reward.py). A dense term for a policy that rarely solves: within a
-    group of failures, an edit at the buggy lines outranks one elsewhere, and any edit a no-op or a broken
-    call. Kept below 1 so a solve still outranks every failure."""
+    group of failures, an edit at the buggy lines outranks one elsewhere, and any real edit outranks a
+    no-op or a broken call (similarity 0). Kept below 1 so a solve still outranks every failure."""
     if result.reward > 0 or similarity_reward == 0:
         return float(result.reward)
     return similarity_reward * float(result.components.get("patch_similarity", 0.0))
