@@ -269,6 +269,8 @@ def run(
     rl = config.rl
     if rl.algorithm not in adv_lib.ADVANTAGES:
         raise ValueError(f"unknown rl.algorithm {rl.algorithm!r}; known: {sorted(adv_lib.ADVANTAGES)}")
+    if not 0 <= rl.similarity_reward < 1:  # at 1, a wrong edit of the right line would rank with a solve
+        raise ValueError(f"rl.similarity_reward must lie in [0, 1), got {rl.similarity_reward}")
     ppo = rl.algorithm == "gae"
     sampler_cfg, sft_params = cfg, init_params
     if ppo:

@@ -53,6 +53,15 @@ def test_similarity_shaping_ranks_failed_episodes_below_every_solve(algorithm):
     assert rewards.tolist() == [[0.0, 0.0, 0.0]]  # the episodes' own rewards, as logged
 
 
+@pytest.mark.parametrize("value", [-0.1, 1.0, 2.0])
+def test_similarity_reward_outside_its_range_fails_before_the_phase_starts(value, tmp_path):
+    config = experiment.get_config()
+    config.rl.similarity_reward = value
+    with pytest.raises(ValueError, match="rl.similarity_reward"):
+        rl.run(config, tmp_path, None, None, None, None, None)
+    assert not any(tmp_path.iterdir())  # nothing was written
+
+
 @pytest.mark.parametrize(
     "override", [("skip_no_signal_updates", False), ("algorithm", "gae"), ("kl_coef", 0.1)]
 )
