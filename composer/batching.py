@@ -39,7 +39,8 @@ def pack_sequences(
     """Pads and stacks sequences into [m, b, t] arrays (m = micro-batches of b = micro_batch rows).
 
     Each sequence is a dict with 'tokens' [n] and 'loss_mask' [n] and optionally 'sampler_logprobs' [n]
-    (token-aligned) and per-sequence scalars 'advantages', 'rewards', 'truncated', 'off_policy'. Rows
+    (token-aligned) and per-sequence scalars 'advantages', 'rewards', 'truncated', 'off_policy'; the
+    'advantages' may instead be token-aligned [n] (in every sequence, then packed [m, b, t]). Rows
     beyond the data are empty (positions -1, mask 0) so the batch shape stays fixed; sequences longer than
     max_len are cut (their tail carries no loss). Returns tokens, positions (-1 on padding), loss_mask,
     and the optional fields.
@@ -56,7 +57,12 @@ def pack_sequences(
     has_logprobs = bool(sequences) and "sampler_logprobs" in sequences[0]
     if has_logprobs:
         out["sampler_logprobs"] = np.zeros((n_rows, t), np.float32)
-    scalars = [k for k in SCALARS if sequences and k in sequences[0]]
+    token_advantages = bool(sequences) and np.ndim(sequences[0].get("advantages", 0.0)) == 1
+    if token_advantages:
+        out["advantages"] = np.zeros((n_rows, t), np.float32)
+    scalars = [
+        k for k in SCALARS if sequences and k in sequences[0] and not (token_advantages and k == "advantages")
+    ]
     for k in scalars:
         out[k] = np.zeros((n_rows,), bool if k == "truncated" else np.float32)
     for row, i in enumerate(order):
@@ -67,6 +73,10 @@ def pack_sequences(
         out["loss_mask"][row, :n] = seq["loss_mask"][:n]
         if has_logprobs:
             out["sampler_logprobs"][row, :n] = seq["sampler_logprobs"][:n]
+        if token_advantages:
+            if np.ndim(seq["advantages"]) != 1:
+                raise ValueError("advantages must be token-aligned in every sequence or in none")
+            out["advantages"][row, :n] = seq["advantages"][:n]
         for k in scalars:
             out[k][row] = seq[k]
     m = n_rows // micro_batch

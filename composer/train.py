@@ -7,7 +7,8 @@ equals one big batch exactly, clip by global norm and apply AdamW with linear wa
 Batch layout (host side builds it, see composer/batching.py), all arrays `[m, b, t]` with m micro-batches:
   tokens int32, positions int32 (-1 on padding), loss_mask float32 (1 where the token is a *target* the
   policy generated). RL batches add sampler_logprobs float32 [m, b, t] (behaviour log-probs, aligned with
-  the target tokens), advantages float32 [m, b] (per sequence) and truncated bool [m, b].
+  the target tokens), advantages float32 [m, b] (per sequence; or [m, b, t] per token, with
+  rl.error_turn_penalty) and truncated bool [m, b].
 PPO (`ppo_step`, rl.algorithm='gae') instead has per-token advantages [m, b, t] plus returns and old_values
 [m, b, t] from `ppo_targets`, which computes them under the critic (cfg.value_head) before the update.
 """
@@ -313,7 +314,8 @@ def sft_step(state: TrainState, batch: dict, key: jax.Array, *, cfg, optimizer) 
 def rl_step(
     state: TrainState, batch: dict, key: jax.Array, *, cfg, optimizer, hp: RLHParams
 ) -> tuple[TrainState, dict]:
-    """One GRPO-family update on `batch` ([m, b, t] arrays plus per-sequence advantages/truncated)."""
+    """One GRPO-family update on `batch` ([m, b, t] arrays plus advantages, per sequence or per token, and
+    truncated)."""
     del key
     return _step(rl_loss, state, batch, cfg, optimizer, hp)
 

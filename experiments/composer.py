@@ -193,6 +193,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # 8 / 5 (seeds 0 / 1) without it, 9 / 5 with 0.5; with 0.5 and no guidance 7 / 9, and 12 such steps
     # 4 / 7. All within RL's seed spread, so off.
     c.rl.similarity_reward = 0.0
+    # Error turns: the tokens of a turn whose calls got an error result (malformed call, unknown tool, an
+    # edit that cannot apply) get this much less advantage, whatever the episode's reward (composer/
+    # pipeline/rl.py:error_turn_advantages; 0: off).
+    c.rl.error_turn_penalty = 0.0
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups
     # A batch whose advantages are all zero is not trained on (the step still counts): an update that

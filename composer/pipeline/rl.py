@@ -201,13 +201,19 @@ def shaped_reward(result, similarity_reward: float) -> float:
 
 
 def _sequences(
-    groups: list[list], algorithm: str, extras: list[list[dict]] | None = None, similarity_reward: float = 0.0
+    groups: list[list],
+    algorithm: str,
+    extras: list[list[dict]] | None = None,
+    similarity_reward: float = 0.0,
+    error_turn_penalty: float = 0.0,
+    mask_truncated: bool = False,
 ) -> tuple[list[dict], np.ndarray]:
     """Training sequences of the groups' episodes, with per-sequence group advantages (for 'gae': zeros,
     replaced by per-token GAE under the critic in ppo_targets), and the groups' rewards [groups, size].
     `extras[i]` (off-policy members: the expert's guide, corrections) join group i before its advantages
     are computed; the rewards returned are the episodes' only, unshaped. The episodes' rewards for the
-    advantages are `shaped_reward`s."""
+    advantages are `shaped_reward`s. With `error_turn_penalty` > 0 every sequence's advantages are per
+    token (`error_turn_advantages`)."""
     extras = extras or [[] for _ in groups]
     seqs = []
     for group, extra in zip(groups, extras, strict=True):
@@ -227,8 +233,43 @@ def _sequences(
             advantages = np.zeros(rewards.size, np.float32)
         else:
             advantages = np.asarray(adv_lib.compute_advantages(algorithm, rewards).advantages).reshape(-1)
-        seqs.extend(dict(m, advantages=float(a)) for m, a in zip(members, advantages))
+        members = [dict(m, advantages=float(a)) for m, a in zip(members, advantages)]
+        if error_turn_penalty > 0:
+            spans = [r.error_spans for r in group] + [[] for _ in extra]
+            members = [
+                error_turn_advantages(m, s, error_turn_penalty, mask_truncated)
+                for m, s in zip(members, spans, strict=True)
+            ]
+        seqs.extend(members)
     return seqs, np.array([[r.reward for r in g] for g in groups], np.float32)
+
+
+def error_turn_advantages(
+    seq: dict, error_spans: list[tuple[int, int]], penalty: float, mask_truncated: bool
+) -> dict:
+    """`seq` with per-token advantages: its sequence advantage everywhere, minus `penalty` on the tokens of
+    the turns whose calls got an error result (`error_spans`, EpisodeResult.error_spans).
+
+    A turn whose call was malformed, named an unknown tool, or made an edit that could not apply (most
+    often a no-op: new_string copied from old_string) is wrong whatever the episode's outcome, so its
+    tokens get a negative advantage of their own. Unlike the episode's reward this is dense: most groups
+    hold episodes with and without such turns, where all-failed groups carry no reward signal. Within a
+    turn, tokens the policy was sure of (the call's name, the copied path) have near-zero gradient, so
+    the push lands on the uncertain tokens where the turn went wrong.
+
+    A truncated episode (with `mask_truncated`) keeps only its error turns in the loss, with the penalty
+    alone: its reward says little, its errors are errors all the same."""
+    n = len(seq["tokens"])
+    errors = np.zeros(n, bool)
+    for start, end in error_spans:
+        errors[start:end] = True
+    advantages = np.full(n, seq["advantages"], np.float32)
+    loss_mask = seq["loss_mask"]
+    if mask_truncated and seq["truncated"]:
+        advantages[:] = 0.0
+        loss_mask = loss_mask * errors
+    advantages[errors] -= penalty
+    return dict(seq, advantages=advantages, loss_mask=loss_mask, truncated=False)
 
 
 def has_policy_signal(seqs: list[dict], rl: ml_collections.ConfigDict) -> bool:
@@ -242,7 +283,7 @@ def has_policy_signal(seqs: list[dict], rl: ml_collections.ConfigDict) -> bool:
     """
     if not rl.skip_no_signal_updates or rl.algorithm == "gae" or rl.kl_coef > 0:
         return True
-    return any(s["advantages"] != 0 for s in seqs)
+    return any(np.any(s["advantages"] != 0) for s in seqs)
 
 
 def _checkpointer(config, workdir: Path) -> Checkpointer:
@@ -271,7 +312,11 @@ def run(
         raise ValueError(f"unknown rl.algorithm {rl.algorithm!r}; known: {sorted(adv_lib.ADVANTAGES)}")
     if not 0 <= rl.similarity_reward < 1:  # at 1, a wrong edit of the right line would rank with a solve
         raise ValueError(f"rl.similarity_reward must lie in [0, 1), got {rl.similarity_reward}")
+    if rl.error_turn_penalty < 0:
+        raise ValueError(f"rl.error_turn_penalty must be >= 0, got {rl.error_turn_penalty}")
     ppo = rl.algorithm == "gae"
+    if ppo and rl.error_turn_penalty:  # ppo_targets replaces the advantages with GAE's
+        raise ValueError("rl.error_turn_penalty applies to the group estimators, not 'gae'")
     sampler_cfg, sft_params = cfg, init_params
     if ppo:
         # PPO: a critic head on the policy's trunk, born at zero beside the SFT weights.
@@ -393,7 +438,9 @@ def run(
                     fixes = group_corrections(group, expert, extra, tokenizer, config.model.max_seq_len)
                     extra.extend(fixes)
                     counts["corrections"] += len(fixes)
-            seqs, rewards = _sequences(batch, rl.algorithm, extras, rl.similarity_reward)
+            seqs, rewards = _sequences(
+                batch, rl.algorithm, extras, rl.similarity_reward, rl.error_turn_penalty, rl.mask_truncated
+            )
             # UPDATE (skipped when the batch carries no signal: see has_policy_signal)
             t0 = time.time()
             if has_policy_signal(seqs, rl):
@@ -421,6 +468,7 @@ def run(
                 mean_turns=float(np.mean([r.n_turns for r in flat])),
                 tool_error_rate=sum(r.n_tool_errors for r in flat)
                 / max(sum(r.n_tool_calls for r in flat), 1),
+                error_turns_per_episode=float(np.mean([len(r.error_spans) for r in flat])),
                 patch_similarity=float(np.mean([r.components.get("patch_similarity", 0.0) for r in flat])),
                 update_s=time.time() - t0,
                 rollout_s=rollout_s,

@@ -79,6 +79,9 @@ class EpisodeResult:
     wall_s: float
     error: str | None = None
     grade: Any = None  # env.reward.Grade (tests, output) when graded
+    # [start, end) in `ids` of the generated turns whose calls got at least one error result (a malformed
+    # call, an unknown tool, a failed edit): always-wrong turns, whatever the episode's reward
+    error_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 
 def default_prompt(task: Any) -> list[Message]:
@@ -259,6 +262,7 @@ class _Rollout:
             wall_s=self.clock() - self.first_start[key],
             error=error,
             grade=grade,
+            error_spans=[s for s, n in zip(ep.turn_spans, ep.turn_errors, strict=True) if n],
         )
         if len(self.results[ep.group]) == self.group_size:
             self.done_groups.append(ep.group)

@@ -106,6 +106,9 @@ class Episode:
     n_parallel_turns: int = 0  # turns with more than one call
     n_cut_turns: int = 0  # turns cut by max_turn_tokens (closed with an appended <|im_end|>)
     turn_calls: list[list[str]] = dataclasses.field(default_factory=list)
+    # [start, end) in `ids` of each generated turn whose calls ran, with how many of its results were errors
+    turn_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    turn_errors: list[int] = dataclasses.field(default_factory=list)
     truncated: bool = False
     truncation: str | None = None  # 'turns' | 'tokens' | 'time'
     n_prompt_tokens: int = 0
@@ -171,6 +174,7 @@ class Episode:
             raise ValueError(f"{len(out.token_ids)} token ids but {len(out.logprobs)} log-probs")
         im_end = tokenizer.im_end_id
         generated = [int(i) for i in out.token_ids]
+        start = len(self.ids)
         self.ids += generated
         self.loss_mask += [1] * len(generated)
         self.logprobs += [float(p) for p in out.logprobs]
@@ -197,6 +201,8 @@ class Episode:
             self.n_tool_calls += len(calls)
             self.n_parallel_turns += len(calls) > 1
             self.turn_calls.append([c.name if isinstance(c, ToolCall) else "" for c in calls])
+            self.turn_spans.append((start, start + len(generated)))
+            self.turn_errors.append(0)
             return calls
         return []
 
@@ -205,7 +211,9 @@ class Episode:
         the next generation prompt (state -> GENERATE); or truncates when the stream would outgrow
         max_episode_tokens or the wall time is up (state -> GRADING, results not appended)."""
         assert self.state is State.TOOLS, self.state
-        self.n_tool_errors += sum(bool(r.is_error) for r in results)
+        errors = sum(bool(r.is_error) for r in results)
+        self.n_tool_errors += errors
+        self.turn_errors[-1] = errors
         tool_messages = [Message("tool", r.text) for r in results]
         # The newline that follows the assistant's <|im_end|>, then the user turn of results, then the header
         # of the next assistant turn: the text render_text puts between the two assistant bodies.

@@ -1,6 +1,7 @@
 """Host batching: buckets, padding, sorting into micro-batches."""
 
 import numpy as np
+import pytest
 
 from composer import batching
 
@@ -42,3 +43,19 @@ def test_pack_sequences_pads_sorts_and_keeps_every_token():
         assert flat["advantages"][row] == n and flat["truncated"][row] == (n == 12)
         assert flat["loss_mask"][row, n:].sum() == 0 and (flat["positions"][row, n:] == -1).all()
     assert flat["loss_mask"][5].sum() == 0
+
+
+def test_token_aligned_advantages_are_packed_per_token_in_every_sequence_or_none():
+    seqs = [
+        {"tokens": np.arange(1, n + 1), "loss_mask": np.ones(n), "advantages": np.linspace(-1, 1, n)}
+        for n in (4, 9)
+    ]
+    batch = batching.pack_sequences(seqs, micro_batch=1, multiple=16)
+    assert batch["advantages"].shape == batch["tokens"].shape == (2, 1, 16)
+    for row, seq in enumerate(seqs):
+        n = len(seq["tokens"])
+        np.testing.assert_allclose(batch["advantages"][row, 0, :n], seq["advantages"], rtol=1e-6)
+        assert (batch["advantages"][row, 0, n:] == 0).all()
+    seqs[1]["advantages"] = 0.5
+    with pytest.raises(ValueError, match="token-aligned in every sequence"):
+        batching.pack_sequences(seqs, micro_batch=1, multiple=16)

@@ -62,6 +62,58 @@ def test_similarity_reward_outside_its_range_fails_before_the_phase_starts(value
     assert not any(tmp_path.iterdir())  # nothing was written
 
 
+def test_error_turns_get_a_negative_advantage_of_their_own_whatever_the_outcome():
+    ids = list(range(12))
+    mask = [0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1]  # three generated turns: [2, 5), [7, 9), [10, 12)
+    seq = {"tokens": np.asarray(ids), "loss_mask": np.asarray(mask, np.float32), "advantages": 0.75,
+           "truncated": False}  # fmt: skip
+    out = rl.error_turn_advantages(seq, [(7, 9)], 0.5, mask_truncated=True)
+    expected = np.full(12, 0.75, np.float32)
+    expected[7:9] = 0.25
+    np.testing.assert_allclose(out["advantages"], expected)
+    np.testing.assert_array_equal(out["loss_mask"], mask)
+    # A truncated episode's reward says little (masked), its error turns are trained all the same.
+    out = rl.error_turn_advantages(dict(seq, truncated=True), [(2, 5), (7, 9)], 0.5, mask_truncated=True)
+    assert not out["truncated"]
+    np.testing.assert_array_equal(out["loss_mask"], [0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0])
+    np.testing.assert_allclose(out["advantages"][out["loss_mask"] > 0], -0.5)
+    # Without masking, it keeps its sequence advantage too.
+    out = rl.error_turn_advantages(dict(seq, truncated=True), [(2, 5)], 0.5, mask_truncated=False)
+    np.testing.assert_allclose(out["advantages"][2:5], 0.25)
+    np.testing.assert_allclose(out["advantages"][10:], 0.75)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "drgrpo", "rloo"])
+def test_an_all_failed_group_with_error_turns_has_signal_and_packs_per_token(algorithm):
+    config = experiment.get_config()
+    groups = _groups([[0, 0, 0]])
+    groups[0][1].error_spans = [(1, 3)]
+    for r in (groups[0][0], groups[0][2]):
+        r.error_spans = []
+    seqs, _ = rl._sequences(groups, algorithm)
+    assert not rl.has_policy_signal(seqs, config.rl)  # three failures are alike
+    seqs, _ = rl._sequences(groups, algorithm, error_turn_penalty=0.5)
+    assert rl.has_policy_signal(seqs, config.rl)
+    assert [s["advantages"].tolist() for s in seqs] == [[0, 0, 0], [0, -0.5, -0.5], [0, 0, 0]]
+    # A guide (an extra member) has no error turns: per token, its sequence advantage everywhere.
+    guide = dict(seqs[0], advantages=0.0, rewards=1.0, off_policy=1.0)
+    guide = {k: v for k, v in guide.items() if k != "advantages"}
+    seqs, _ = rl._sequences(groups, algorithm, [[guide]], error_turn_penalty=0.5)
+    assert len(set(seqs[3]["advantages"].tolist())) == 1 and seqs[3]["advantages"][0] > 0
+    batch = rl.learner_lib.pack(seqs, config, len(seqs))
+    assert batch["advantages"].shape == batch["tokens"].shape
+
+
+@pytest.mark.parametrize("override", [("error_turn_penalty", -0.5), ("algorithm", "gae")])
+def test_an_error_turn_penalty_that_cannot_apply_fails_before_the_phase_starts(override, tmp_path):
+    config = experiment.get_config()
+    config.rl.error_turn_penalty = 0.5
+    setattr(config.rl, *override)
+    with pytest.raises(ValueError, match="rl.error_turn_penalty"):
+        rl.run(config, tmp_path, None, None, None, None, None)
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(
     "override", [("skip_no_signal_updates", False), ("algorithm", "gae"), ("kl_coef", 0.1)]
 )

@@ -168,6 +168,7 @@ def test_token_stream_equals_render_and_masks_generated_tokens(tok):
             r.messages[: assistant_at[k]], add_generation_prompt=True
         )
     assert r.reward == 1.0 and r.searched_before_edit is True and r.restarts == 0 and r.error is None
+    assert r.error_spans == []  # no call failed
 
 
 def test_generated_ids_are_kept_verbatim_not_retokenised(tok):
@@ -247,6 +248,9 @@ def test_malformed_call_gets_an_error_result_and_the_episode_goes_on(tok):
     )
     assert r.n_tool_errors == 1 and r.n_turns == 2 and r.reward == 1.0
     assert r.messages[3].role == "tool" and "not a JSON object" in r.messages[3].content
+    # The turn whose call failed is located in the stream: exactly its generated tokens.
+    ((start, end),) = r.error_spans
+    assert r.ids[start:end] == bad and all(r.loss_mask[start:end]) and not r.loss_mask[start - 1]
     # The malformed turn is shown as generated (it has no structured form), and still renders exactly.
     assert tok.decode(r.ids) + "\n" == chat.render_text(r.messages)
 
