@@ -17,6 +17,8 @@ One iteration of the loop, phases as named below:
               when no sampled episode succeeded, and the update both raises the expert's turns and lowers
               the failed episodes'; with `rl.expert_corrections`, each unsolved episode that read the
               buggy code also gets the expert's edit turn at its own state (`correction_sequence`);
+              with `rl.error_turn_penalty`, the turns whose calls got an error result get that much less
+              advantage, token by token (`error_turn_advantages`);
   UPDATE      one jitted, sharded rl_step over the batch (micro-batches scanned); the policy's log-probs are
               those of the tempered distribution the sampler drew from (`sampling.temperature`); with
               `rl.kl_coef` > 0, a KL term to the frozen starting (SFT) model; skipped, and counted
@@ -272,6 +274,14 @@ def error_turn_advantages(
     return dict(seq, advantages=advantages, loss_mask=loss_mask, truncated=False)
 
 
+def group_has_signal(group: list, rl: ml_collections.ConfigDict, *, guided: bool) -> bool:
+    """Whether a group's advantages would not all be zero (dynamic sampling drops those that would): its
+    shaped rewards differ; or it is guided (the guide's reward of 1 joins them, so only an all-solved
+    group lacks signal); or, with `rl.error_turn_penalty`, an episode has an error turn."""
+    rewards = {shaped_reward(r, rl.similarity_reward) for r in group} | ({1.0} if guided else set())
+    return len(rewards) > 1 or (rl.error_turn_penalty > 0 and any(r.error_spans for r in group))
+
+
 def has_policy_signal(seqs: list[dict], rl: ml_collections.ConfigDict) -> bool:
     """Whether an update on `seqs` would carry a learning signal beyond the auxiliary losses.
 
@@ -413,10 +423,9 @@ def run(
             if group[0].task_id in starts:
                 counts["episodes_expert_start"] += len(group)
                 counts["solved_expert_start"] += sum(r.reward for r in group)
-            # A guided group (below) always holds a reward of 1, so only all-solved ones lack signal.
-            rewards_seen = {shaped_reward(r, rl.similarity_reward) for r in group}
-            rewards_seen |= {1.0} if guide(group[0].task_id) else set()
-            if rl.dynamic_sampling and len(rewards_seen) == 1:
+            if rl.dynamic_sampling and not group_has_signal(
+                group, rl, guided=guide(group[0].task_id) is not None
+            ):
                 # Replace it, up to the budget; past it (a policy that solves all or nothing) keep it, so
                 # the run goes on: its advantages are zero, it moves only the auxiliary losses.
                 if dropped_this_step < rl.dynamic_sampling_budget * rl.tasks_per_step:

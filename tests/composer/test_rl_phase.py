@@ -104,6 +104,21 @@ def test_an_all_failed_group_with_error_turns_has_signal_and_packs_per_token(alg
     assert batch["advantages"].shape == batch["tokens"].shape
 
 
+def test_dynamic_sampling_keeps_groups_whose_advantages_are_not_all_zero():
+    rl_config = experiment.get_config().rl
+    failed, mixed, solved = (g[0] for g in (_groups([[0, 0]]), _groups([[1, 0]]), _groups([[1, 1]])))
+    for r in [*failed, *mixed, *solved]:
+        r.error_spans = []
+    assert rl.group_has_signal(mixed, rl_config, guided=False)
+    assert not rl.group_has_signal(failed, rl_config, guided=False)
+    assert rl.group_has_signal(failed, rl_config, guided=True)  # the guide's 1 beside the 0s
+    assert not rl.group_has_signal(solved, rl_config, guided=True)
+    failed[1].error_spans = [(1, 2)]
+    assert not rl.group_has_signal(failed, rl_config, guided=False)  # not penalised: alike
+    rl_config.error_turn_penalty = 0.5
+    assert rl.group_has_signal(failed, rl_config, guided=False)
+
+
 @pytest.mark.parametrize("override", [("error_turn_penalty", -0.5), ("algorithm", "gae")])
 def test_an_error_turn_penalty_that_cannot_apply_fails_before_the_phase_starts(override, tmp_path):
     config = experiment.get_config()
