@@ -195,7 +195,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.rl.similarity_reward = 0.0
     # Error turns: the tokens of a turn whose calls got an error result (malformed call, unknown tool, an
     # edit that cannot apply) get this much less advantage, whatever the episode's reward (composer/
-    # pipeline/rl.py:error_turn_advantages; 0: off).
+    # pipeline/rl.py:error_turn_advantages; 0: off). From one SFT model (8 of 200 held-out tasks, greedy,
+    # 26% truncated), 4 steps at 0.5 solved the same tasks as without it (8 / 5, seeds 0 / 1) with fewer
+    # held-out episodes truncated (28% / 28.5% against 32% / 35.5%), at 2.0 (seed 0) 8 with 19.5%; at lr
+    # 3e-4, 9 / 2 (10 on seed 0 without it). Fewer error loops, no more solves: off.
     c.rl.error_turn_penalty = 0.0
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups
