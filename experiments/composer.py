@@ -131,6 +131,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # update is one micro-batch's activations. 16 sequences of 2048 tokens in one piece need 18 GB on the
     # CPU; in 4 pieces, 5 GB (and run faster).
     c.optim.micro_batches = 4
+    # ... and into more where a micro-batch would hold more sequences than this (0: no bound). With 16 RL
+    # tasks a step (80 sequences, 20 a micro-batch) a job was killed at 12.5 GB beside another; with 8 a
+    # micro-batch it peaked at 9.8 GB (the default run, 20 sequences a step: 7.8 GB).
+    c.optim.micro_batch_rows = 8
 
     # ---- sft: the supervised warm start on expert trajectories
     c.sft = ConfigDict()
@@ -329,6 +333,7 @@ def _gpu(c: ConfigDict) -> None:
     c.moe.top_k = 8
     c.moe.d_ff = 768
     c.moe.dispatch = "ragged_dot"
+    c.optim.micro_batch_rows = 0  # no bound measured on a GPU yet: the micro_batches split alone
     c.sft.batch_size = 64
     c.sft.steps = 2000
     c.rl.steps = 1000

@@ -93,6 +93,11 @@ def build(
 
 
 def pack(sequences: list[dict], config: ml_collections.ConfigDict, batch_size: int) -> dict:
-    """Sequences -> [m, b, t] arrays with m = optim.micro_batches."""
+    """Sequences -> [m, b, t] arrays: `optim.micro_batches` micro-batches, or more where that would put more
+    than `optim.micro_batch_rows` sequences in one (0: no bound). An update's peak memory is one
+    micro-batch's activations, so a larger batch (more RL tasks per step) takes more micro-batches instead
+    of more memory."""
     micro = max(batch_size // config.optim.micro_batches, 1)
+    if config.optim.micro_batch_rows > 0:
+        micro = min(micro, config.optim.micro_batch_rows)
     return batching.pack_sequences(sequences, micro_batch=micro, max_len=config.model.max_seq_len)

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from composer import batching
+from composer.pipeline import learner
+from experiments import composer as experiment
 
 
 def test_bucket_length():
@@ -59,3 +61,13 @@ def test_token_aligned_advantages_are_packed_per_token_in_every_sequence_or_none
     seqs[1]["advantages"] = 0.5
     with pytest.raises(ValueError, match="token-aligned in every sequence"):
         batching.pack_sequences(seqs, micro_batch=1, multiple=16)
+
+
+def test_the_learner_splits_a_large_batch_into_more_micro_batches_not_larger_ones():
+    config = experiment.get_config()
+    config.optim.micro_batches, config.optim.micro_batch_rows = 4, 8
+    seqs = [{"tokens": np.arange(1, 11), "loss_mask": np.ones(10)} for _ in range(80)]
+    assert learner.pack(seqs[:20], config, 20)["tokens"].shape[:2] == (4, 5)  # within the bound
+    assert learner.pack(seqs, config, 80)["tokens"].shape[:2] == (10, 8)  # 20 a micro-batch without it
+    config.optim.micro_batch_rows = 0
+    assert learner.pack(seqs, config, 80)["tokens"].shape[:2] == (4, 20)
