@@ -102,7 +102,6 @@ class Episode:
     state: State = State.GENERATE
     n_turns: int = 0
     n_tool_calls: int = 0
-    n_tool_errors: int = 0
     n_parallel_turns: int = 0  # turns with more than one call
     n_cut_turns: int = 0  # turns cut by max_turn_tokens (closed with an appended <|im_end|>)
     turn_calls: list[list[str]] = dataclasses.field(default_factory=list)
@@ -142,6 +141,11 @@ class Episode:
             started_at=now,
             n_prompt_tokens=len(ids),
         )
+
+    @property
+    def n_tool_errors(self) -> int:
+        """Calls whose result was an error, over the episode."""
+        return sum(self.turn_errors)
 
     def next_turn_budget(self, limits: RolloutLimits, now: float) -> int | None:
         """max_new_tokens for the next turn, or None when a limit ends the episode (state -> GRADING).
@@ -211,9 +215,7 @@ class Episode:
         the next generation prompt (state -> GENERATE); or truncates when the stream would outgrow
         max_episode_tokens or the wall time is up (state -> GRADING, results not appended)."""
         assert self.state is State.TOOLS, self.state
-        errors = sum(bool(r.is_error) for r in results)
-        self.n_tool_errors += errors
-        self.turn_errors[-1] = errors
+        self.turn_errors[-1] = sum(bool(r.is_error) for r in results)
         tool_messages = [Message("tool", r.text) for r in results]
         # The newline that follows the assistant's <|im_end|>, then the user turn of results, then the header
         # of the next assistant turn: the text render_text puts between the two assistant bodies.
