@@ -101,10 +101,8 @@ class Episode:
     started_at: float
     state: State = State.GENERATE
     n_turns: int = 0
-    n_tool_calls: int = 0
-    n_parallel_turns: int = 0  # turns with more than one call
     n_cut_turns: int = 0  # turns cut by max_turn_tokens (closed with an appended <|im_end|>)
-    turn_calls: list[list[str]] = dataclasses.field(default_factory=list)
+    turn_calls: list[list[str]] = dataclasses.field(default_factory=list)  # tool names of each turn's calls
     # [start, end) in `ids` of each generated turn whose calls ran, with how many of its results were errors
     turn_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     turn_errors: list[int] = dataclasses.field(default_factory=list)
@@ -141,6 +139,16 @@ class Episode:
             started_at=now,
             n_prompt_tokens=len(ids),
         )
+
+    @property
+    def n_tool_calls(self) -> int:
+        """Calls made over the episode."""
+        return sum(len(names) for names in self.turn_calls)
+
+    @property
+    def n_parallel_turns(self) -> int:
+        """Turns with more than one call."""
+        return sum(len(names) > 1 for names in self.turn_calls)
 
     @property
     def n_tool_errors(self) -> int:
@@ -202,8 +210,6 @@ class Episode:
             self._truncate("time")
         else:
             self.state = State.TOOLS
-            self.n_tool_calls += len(calls)
-            self.n_parallel_turns += len(calls) > 1
             self.turn_calls.append([c.name if isinstance(c, ToolCall) else "" for c in calls])
             self.turn_spans.append((start, start + len(generated)))
             self.turn_errors.append(0)
