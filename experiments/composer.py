@@ -235,6 +235,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.env.n_train_tasks = 600
     c.env.n_heldout_tasks = 50
     c.env.difficulty = 1
+    # The bug families of the generated tasks, comma-separated ('': all eight, env/tasks/families.py).
+    c.env.families = ""
     c.env.n_workers = 2
     c.env.rollout_backend = "local"  # 'local' (worker processes here) | 'ray' (workers across a cluster)
     c.env.ray_address = ""  # for 'ray': '' = RAY_ADDRESS if set, else a local cluster; or 'host:port'

@@ -13,6 +13,7 @@ from absl import logging
 from jax.sharding import Mesh
 
 from composer.checkpoints.pretrained import load_pretrained
+from composer.pipeline import data as data_lib
 from composer.pipeline.evaluate import evaluate
 from env import tasks as env_tasks
 
@@ -24,7 +25,10 @@ def heldout_tasks(config: ml_collections.ConfigDict, workdir: Path) -> list:
     if done.exists():
         return env_tasks.load_suite(out)
     env = config.env
-    suite = env_tasks.generate_suite(out, env.n_heldout_tasks, config.seed, env.difficulty, "heldout")
+    families = data_lib.task_families(config)
+    suite = env_tasks.generate_suite(
+        out, env.n_heldout_tasks, config.seed, env.difficulty, "heldout", families=families
+    )
     done.write_text(json.dumps({"count": len(suite)}))
     return suite
 

@@ -34,13 +34,24 @@ class Data:
     expert_by_task: dict[str, list[chat.Message]] = dataclasses.field(default_factory=dict)
 
 
-def _suite(out: Path, count: int, seed: int, difficulty: int, split: str) -> list:
+def task_families(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The bug families of env.families (comma-separated; empty: all of them), checked by name."""
+    names = tuple(f.strip() for f in config.env.families.split(",") if f.strip())
+    unknown = [f for f in names if f not in env_tasks.FAMILIES]
+    if unknown:
+        known = ", ".join(env_tasks.FAMILIES)
+        raise ValueError(f"env.families: unknown bug families {unknown}; known: {known}")
+    return names
+
+
+def _suite(out: Path, count: int, seed: int, difficulty: int, split: str, families: tuple[str, ...]) -> list:
     done = out / "DONE"
     if done.exists():
         return env_tasks.load_suite(out)
     t0 = time.time()
-    logging.info("DATA: generating %d %s tasks (difficulty %d) in %s", count, split, difficulty, out)
-    suite = env_tasks.generate_suite(out, count, seed, difficulty, split)
+    which = f" of families {', '.join(families)}" if families else ""
+    logging.info("DATA: generating %d %s tasks%s (difficulty %d) in %s", count, split, which, difficulty, out)
+    suite = env_tasks.generate_suite(out, count, seed, difficulty, split, families=families)
     done.write_text(json.dumps({"count": len(suite), "seconds": round(time.time() - t0, 1)}))
     return suite
 
@@ -112,9 +123,12 @@ def _by_task(solved: list, trajectories: list, tasks: list) -> dict[str, list[ch
 def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
     """Builds (or loads, when already in the workdir) the tasks, trajectories and tokenizer."""
     env = config.env
-    train = _suite(workdir / "tasks" / "train", env.n_train_tasks, config.seed, env.difficulty, "train")
+    families = task_families(config)
+    train = _suite(
+        workdir / "tasks" / "train", env.n_train_tasks, config.seed, env.difficulty, "train", families
+    )
     heldout = _suite(
-        workdir / "tasks" / "heldout", env.n_heldout_tasks, config.seed, env.difficulty, "heldout"
+        workdir / "tasks" / "heldout", env.n_heldout_tasks, config.seed, env.difficulty, "heldout", families
     )
     n = min(config.sft.n_trajectories, len(train))
     solved = _trajectories(workdir / "sft_data.jsonl", train, n, env.n_workers, "train")

@@ -32,6 +32,7 @@ import shutil
 import string
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from env.tasks import callgraph, probe, report
@@ -72,6 +73,11 @@ def split_seed(split: str, i: int) -> int:
     if not 0 <= i < len(seeds):
         raise ValueError(f"seed index {i} is outside split {split!r} ({len(seeds)} seeds)")
     return seeds[i]
+
+
+def family_of(seed: int) -> str:
+    """The bug family of the task with this seed."""
+    return FAMILIES[seed % len(FAMILIES)]
 
 
 def split_of(seed: int) -> str:
@@ -409,7 +415,7 @@ def generate_task(seed: int, difficulty: int, out_dir: Path | str, split: str = 
         raise ValueError(f"seed {seed} is not in split {split!r} (use split_seed)")
     if not 1 <= difficulty <= 5:
         raise ValueError(f"difficulty must be 1..5, not {difficulty}")
-    family = FAMILIES[seed % len(FAMILIES)]
+    family = family_of(seed)
     reasons = collections.Counter()
     for attempt in range(MAX_ATTEMPTS):
         rng = random.Random(f"composer-task/{GENERATOR_VERSION}/{seed}/{difficulty}/{attempt}")
@@ -507,23 +513,36 @@ def verify(task: Task) -> str | None:
 
 
 def generate_suite(
-    out: Path | str, count: int, seed: int, difficulty: int, split: str = "train", progress=None
+    out: Path | str,
+    count: int,
+    seed: int,
+    difficulty: int,
+    split: str = "train",
+    progress=None,
+    families: Sequence[str] = (),
 ) -> list[Task]:
-    """`count` tasks with the seeds split_seed(split, seed + i). `progress(i, task, seconds)` is called
-    after each one when given."""
+    """`count` tasks with the seeds split_seed(split, seed + i), i = 0, 1, ...: all of them, or with
+    `families` only those whose bug family (family_of) is one of these. `progress(i, task, seconds)` is
+    called after each one when given."""
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"unknown bug families {unknown}: use some of {list(FAMILIES)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = []
-    for i in range(count):
+    i = 0
+    while len(tasks) < count:
+        task_seed = split_seed(split, seed + i)
+        i += 1
+        if families and family_of(task_seed) not in families:
+            continue
         t0 = time.perf_counter()
-        task = generate_task(split_seed(split, seed + i), difficulty, out, split)
+        task = generate_task(task_seed, difficulty, out, split)
         tasks.append(task)
         if progress is not None:
-            progress(i, task, time.perf_counter() - t0)
-    (out / "suite.json").write_text(
-        json.dumps(
-            {"split": split, "seed": seed, "difficulty": difficulty, "tasks": [t.instance_id for t in tasks]}
-        )
-        + "\n"
-    )
+            progress(len(tasks) - 1, task, time.perf_counter() - t0)
+    record = {"split": split, "seed": seed, "difficulty": difficulty, "tasks": [t.instance_id for t in tasks]}
+    if families:
+        record["families"] = sorted(families)
+    (out / "suite.json").write_text(json.dumps(record) + "\n")
     return tasks

@@ -2,6 +2,7 @@
 that do not give the fix away, gold patches that standard tools apply, and the bug families themselves."""
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -13,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from env.tasks import FAMILIES, HELDOUT_SEEDS, TRAIN_SEEDS, generate_task, load_task, split_seed, verify
+from env.tasks import (
+    FAMILIES,
+    HELDOUT_SEEDS,
+    TRAIN_SEEDS,
+    generate_suite,
+    generate_task,
+    load_task,
+    split_seed,
+    verify,
+)
 from env.tasks.diffs import apply_patch, make_tree_diff, patch_paths
 from env.tasks.families import mutations
 
@@ -74,6 +84,22 @@ def test_splits_are_disjoint(tmp_path):
         split_seed("test", 0)
     task = generate_task(split_seed("heldout", 4), 1, tmp_path, "heldout")
     assert task.metadata["split"] == "heldout"
+
+
+def test_suite_of_chosen_families(tmp_path):
+    """A suite restricted to some bug families holds only those, in seed order, as many as asked; the same
+    seeds give the same tasks as an unrestricted suite; an unknown family is refused by name."""
+    chosen = ("missing_return", "early_return")
+    tasks = generate_suite(tmp_path / "some", 3, seed=0, difficulty=1, split="heldout", families=chosen)
+    assert len(tasks) == 3
+    assert {t.metadata["family"] for t in tasks} <= set(chosen)
+    seeds = [t.metadata["seed"] for t in tasks]
+    assert seeds == sorted(seeds) and len(set(seeds)) == 3
+    first = generate_task(seeds[0], 1, tmp_path / "one", "heldout")
+    assert (first.path / "task.json").read_bytes() == (tasks[0].path / "task.json").read_bytes()
+    assert json.loads((tmp_path / "some" / "suite.json").read_text())["families"] == sorted(chosen)
+    with pytest.raises(ValueError, match="no_such_family"):
+        generate_suite(tmp_path / "bad", 1, seed=0, difficulty=1, families=("no_such_family",))
 
 
 def test_every_family_and_task_shape(suite):
