@@ -1,8 +1,9 @@
 """Command line for task suites (stable: other tools script it).
 
     python -m env.tasks generate --out DIR --count N --seed S [--difficulty D] [--split train|heldout]
-        writes DIR/<instance_id>/ for the seeds split_seed(split, S + i), i < N, one progress line each,
-        then a summary line.
+                                 [--families F1,F2]
+        writes DIR/<instance_id>/ for the seeds split_seed(split, S + i), i < N (with --families: the first
+        N of those seeds whose bug family is listed), one progress line each, then a summary line.
     python -m env.tasks grade --task DIR/ID --workspace WS
         grades WS (a copy of the task's repo, edited) and prints one JSON object:
         {"instance_id", "reward", "tests": {node id: outcome}, "components": {...}, "output"}.
@@ -34,7 +35,10 @@ def _generate(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    tasks = generate_suite(Path(args.out), args.count, args.seed, args.difficulty, args.split, progress)
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+    tasks = generate_suite(
+        Path(args.out), args.count, args.seed, args.difficulty, args.split, progress, families=families
+    )
     elapsed = time.perf_counter() - t0
     per = elapsed / max(len(tasks), 1)
     print(f"generated {len(tasks)} tasks in {args.out} in {elapsed:.1f}s ({per:.2f}s per task)", flush=True)
@@ -95,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, required=True, help="index of the first seed within the split")
     p.add_argument("--difficulty", type=int, default=1, choices=range(1, 6), help="1 (default) .. 5")
     p.add_argument("--split", default="train", choices=sorted(SPLITS), help="seed range (default train)")
+    p.add_argument("--families", default="", help="comma-separated bug families (default: all)")
     p.set_defaults(run=_generate)
     p = commands.add_parser("grade", help="grade a workspace against a task; prints one JSON object")
     p.add_argument("--task", required=True, help="the task directory (holding task.json and repo/)")

@@ -204,6 +204,17 @@ def test_cli_generate_and_grade(tmp_path):
     assert proc.returncode == 2 and "error:" in proc.stderr
 
 
+def test_cli_generate_families(tmp_path):
+    out = tmp_path / "suite"
+    proc = _cli("generate", "--out", str(out), "--count", "1", "--seed", "0", "--families", "early_return")
+    assert proc.returncode == 0, proc.stderr
+    assert [t.metadata["family"] for t in load_suite(out)] == ["early_return"]
+    proc = _cli(
+        "generate", "--out", str(tmp_path / "bad"), "--count", "1", "--seed", "0", "--families", "nope"
+    )
+    assert proc.returncode == 2 and "nope" in proc.stderr
+
+
 @pytest.mark.slow
 def test_cli_solve(tmp_path):
     task = generate_task(5, 1, tmp_path, "train")
