@@ -55,10 +55,12 @@ _MODES: dict[str, Callable[[ml_collections.ConfigDict, Path], None]] = {
 
 def main(config: ml_collections.ConfigDict, workdir: str, mode: str) -> None:
     """Runs `mode` with `config`, writing into `workdir`."""
+    from composer.pipeline.data import task_families
     from env.tools import offered_tools
 
-    # A value that would otherwise fail minutes in, once the task suite is generated.
+    # Values that would otherwise fail minutes in, or only once a task suite is generated.
     offered_tools(config.env.tools)
+    task_families(config)
     # Absolute, so that no phase depends on the directory a subprocess or sandbox starts in.
     path = Path(workdir).resolve()
     path.mkdir(parents=True, exist_ok=True)

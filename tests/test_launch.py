@@ -36,6 +36,18 @@ def test_an_unknown_tool_fails_before_work_naming_it(tmp_path):
     assert not workdir.exists()
 
 
+def test_an_unknown_bug_family_fails_before_work_naming_it(tmp_path):
+    workdir = tmp_path / "w"
+    r = _launch(
+        "--config=experiments/composer.py:tiny",
+        "--config.env.families=early_return,early_retrun",
+        f"--workdir={workdir}",
+    )
+    assert r.returncode != 0
+    assert "env.families" in r.stderr and "'early_retrun'" in r.stderr
+    assert not workdir.exists()
+
+
 def test_known_override_is_accepted_and_typed():
     config = composer_config.get_config("tiny")
     config.lock()

@@ -36,12 +36,10 @@ class Data:
 
 def task_families(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """The bug families of env.families (comma-separated; empty: all of them), checked by name."""
-    names = tuple(f.strip() for f in config.env.families.split(",") if f.strip())
-    unknown = [f for f in names if f not in env_tasks.FAMILIES]
-    if unknown:
-        known = ", ".join(env_tasks.FAMILIES)
-        raise ValueError(f"env.families: unknown bug families {unknown}; known: {known}")
-    return names
+    try:
+        return env_tasks.parse_families(config.env.families)
+    except ValueError as e:
+        raise ValueError(f"env.families: {e}") from None
 
 
 def _suite(out: Path, count: int, seed: int, difficulty: int, split: str, families: tuple[str, ...]) -> list:

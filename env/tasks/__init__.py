@@ -2,7 +2,7 @@
 building blocks (domains.py: code templates; families.py: bug families; probe.py: running generated code;
 diffs.py: unified diffs). `python -m env.tasks` is the command line (generate, grade, solve)."""
 
-from env.tasks.families import FAMILIES
+from env.tasks.families import FAMILIES, parse_families
 from env.tasks.generator import (
     HELDOUT_SEEDS,
     SPLITS,
@@ -26,6 +26,7 @@ __all__ = [
     "generate_task",
     "load_suite",
     "load_task",
+    "parse_families",
     "save_task",
     "split_of",
     "split_seed",

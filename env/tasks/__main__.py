@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from env.tasks.families import parse_families
 from env.tasks.generator import SPLITS, generate_suite
 from env.tasks.task import TaskError, load_task
 
@@ -35,7 +36,7 @@ def _generate(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+    families = parse_families(args.families)
     tasks = generate_suite(
         Path(args.out), args.count, args.seed, args.difficulty, args.split, progress, families=families
     )

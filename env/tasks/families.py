@@ -12,7 +12,7 @@ Whether a candidate changes behaviour seen by a test is decided by the generator
 import ast
 import copy
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 FAMILIES: tuple[str, ...] = (
     "wrong_operator",
@@ -92,6 +92,20 @@ def find_function(tree: ast.Module, qualname: str) -> ast.FunctionDef:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return node
     raise KeyError(f"no function {qualname}")
+
+
+def check_families(names: Iterable[str]) -> tuple[str, ...]:
+    """`names` as a tuple, once each is known to be a bug family (else ValueError naming the others)."""
+    names = tuple(names)
+    unknown = [f for f in names if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown bug families {unknown}; known: {', '.join(FAMILIES)}")
+    return names
+
+
+def parse_families(text: str) -> tuple[str, ...]:
+    """Bug families from a comma-separated list ('': none chosen, i.e. all of them), checked by name."""
+    return check_families(f.strip() for f in text.split(",") if f.strip())
 
 
 def mutations(source: str, qualname: str, family: str, callables: frozenset[str]) -> list[Mutation]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from env.tasks import callgraph, probe, report
 from env.tasks import domains as dom
 from env.tasks.diffs import PatchError, apply_patch, make_tree_diff
-from env.tasks.families import FAMILIES, mutations
+from env.tasks.families import FAMILIES, check_families, mutations
 from env.tasks.report import is_literal, literal
 from env.tasks.task import Task, save_task
 
@@ -524,9 +524,7 @@ def generate_suite(
     """`count` tasks with the seeds split_seed(split, seed + i), i = 0, 1, ...: all of them, or with
     `families` only those whose bug family (family_of) is one of these. `progress(i, task, seconds)` is
     called after each one when given."""
-    unknown = sorted(set(families) - set(FAMILIES))
-    if unknown:
-        raise ValueError(f"unknown bug families {unknown}: use some of {list(FAMILIES)}")
+    families = check_families(families)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = []
