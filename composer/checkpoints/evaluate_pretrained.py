@@ -15,22 +15,6 @@ from jax.sharding import Mesh
 from composer.checkpoints.pretrained import load_pretrained
 from composer.pipeline import data as data_lib
 from composer.pipeline.evaluate import evaluate
-from env import tasks as env_tasks
-
-
-def heldout_tasks(config: ml_collections.ConfigDict, workdir: Path) -> list:
-    """The held-out split (config.env.n_heldout_tasks tasks), generated once into workdir/tasks/heldout."""
-    out = workdir / "tasks" / "heldout"
-    done = out / "DONE"
-    if done.exists():
-        return env_tasks.load_suite(out)
-    env = config.env
-    families = data_lib.task_families(config)
-    suite = env_tasks.generate_suite(
-        out, env.n_heldout_tasks, config.seed, env.difficulty, "heldout", families=families
-    )
-    done.write_text(json.dumps({"count": len(suite)}))
-    return suite
 
 
 def run_eval(config: ml_collections.ConfigDict, workdir: str | Path, mesh: Mesh | None = None) -> dict:
@@ -41,7 +25,7 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str | Path, mesh: Mesh 
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    tasks = heldout_tasks(config, workdir)
+    tasks = data_lib.task_suite(config, workdir, "heldout")
     params, cfg, tokenizer = load_pretrained(config, mesh)
     stats = evaluate(config, params, cfg, tokenizer, tasks, out=workdir / "eval_pretrained.json")
     logging.info("EVAL (pretrained %s): %s", config.model.init_from, json.dumps(stats))

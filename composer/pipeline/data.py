@@ -42,14 +42,22 @@ def task_families(config: ml_collections.ConfigDict) -> tuple[str, ...]:
         raise ValueError(f"env.families: {e}") from None
 
 
-def _suite(out: Path, count: int, seed: int, difficulty: int, split: str, families: tuple[str, ...]) -> list:
+def task_suite(config: ml_collections.ConfigDict, workdir: Path, split: str) -> list:
+    """The `split` ('train' or 'heldout') suite: env.n_train_tasks or env.n_heldout_tasks tasks of
+    env.families, generated once into workdir/tasks/<split> (a DONE marker once complete) and loaded after."""
+    out = workdir / "tasks" / split
     done = out / "DONE"
     if done.exists():
         return env_tasks.load_suite(out)
+    env = config.env
+    count = env.n_train_tasks if split == "train" else env.n_heldout_tasks
+    families = task_families(config)
     t0 = time.time()
     which = f" of families {', '.join(families)}" if families else ""
-    logging.info("DATA: generating %d %s tasks%s (difficulty %d) in %s", count, split, which, difficulty, out)
-    suite = env_tasks.generate_suite(out, count, seed, difficulty, split, families=families)
+    logging.info(
+        "DATA: generating %d %s tasks%s (difficulty %d) in %s", count, split, which, env.difficulty, out
+    )
+    suite = env_tasks.generate_suite(out, count, config.seed, env.difficulty, split, families=families)
     done.write_text(json.dumps({"count": len(suite), "seconds": round(time.time() - t0, 1)}))
     return suite
 
@@ -121,13 +129,8 @@ def _by_task(solved: list, trajectories: list, tasks: list) -> dict[str, list[ch
 def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
     """Builds (or loads, when already in the workdir) the tasks, trajectories and tokenizer."""
     env = config.env
-    families = task_families(config)
-    train = _suite(
-        workdir / "tasks" / "train", env.n_train_tasks, config.seed, env.difficulty, "train", families
-    )
-    heldout = _suite(
-        workdir / "tasks" / "heldout", env.n_heldout_tasks, config.seed, env.difficulty, "heldout", families
-    )
+    train = task_suite(config, workdir, "train")
+    heldout = task_suite(config, workdir, "heldout")
     n = min(config.sft.n_trajectories, len(train))
     solved = _trajectories(workdir / "sft_data.jsonl", train, n, env.n_workers, "train")
     trajectories = _with_system([m for _, m in solved], rollouts.system_prompt(config))
