@@ -195,6 +195,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # seed 0 and 3 with seed 1; with corrections (seed 0), 9. RL's seed moves the result more than
     # corrections do, so they stay off until measured over several seeds.
     c.rl.expert_corrections = False
+    # Recoveries: each unsolved episode whose first step off the expert's path failed (a malformed call, a
+    # search that found nothing) also gets the expert's turn after that step's results, as one more member
+    # (composer/pipeline/rl.py:recovery_sequence; reward 1, off-policy).
+    c.rl.expert_recoveries = False
     # Shaping: an unsolved episode's reward is this x its patch similarity to the gold patch (env/reward.py:
     # patch_similarity; composer/pipeline/rl.py:shaped_reward), so failed groups still rank their edits
     # (0: the binary reward alone). From one SFT model (8 of 200 held-out tasks, greedy), 4 steps solved

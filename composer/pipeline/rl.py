@@ -17,6 +17,8 @@ One iteration of the loop, phases as named below:
               when no sampled episode succeeded, and the update both raises the expert's turns and lowers
               the failed episodes'; with `rl.expert_corrections`, each unsolved episode that read the
               buggy code also gets the expert's edit turn at its own state (`correction_sequence`);
+              with `rl.expert_recoveries`, each unsolved episode whose first step off the expert's path
+              failed (an error, an empty search) gets the expert's turn after it (`recovery_sequence`);
               with `rl.error_turn_penalty`, the turns whose calls got an error result get that much less
               advantage, token by token (`error_turn_advantages`);
   UPDATE      one jitted, sharded rl_step over the batch (micro-batches scanned); the policy's log-probs are
@@ -170,20 +172,94 @@ def correction_sequence(episode_messages: list, expert: list, tokenizer, max_len
     return seq if len(seq["tokens"]) <= max_len else None
 
 
+def _turns(messages: list) -> list[tuple[chat.Message, list[chat.Message], int]]:
+    """The assistant turns, each with the tool results that followed it and the index in `messages` just
+    past them."""
+    out = []
+    for i, m in enumerate(messages):
+        if m.role == "assistant":
+            out.append((m, [], i + 1))
+        elif m.role == "tool" and out:
+            out[-1] = (out[-1][0], [*out[-1][1], m], i + 1)
+    return out
+
+
+def _failed(result: chat.Message) -> bool:
+    """A tool result that did nothing useful: an error (malformed call, unknown tool, an edit that could not
+    apply, ...: env/tools/dispatch.py words them all 'Error: ...') or a search that found nothing."""
+    return result.content.startswith("Error:") or result.content.startswith("No matches found")
+
+
+def recovery_prefix(messages: list, expert: list) -> tuple[list, chat.Message] | None:
+    """Where an episode first left the expert's path with a turn that failed, and the expert's turn there.
+
+    Walks the episode's turns beside the expert's: while they make the same calls the two conversations
+    are the same. The first turn that differs, when any of its results failed (`_failed`) and none of its
+    calls that ran could have changed the workspace (a read, the test command, or a call whose result was an
+    error), left the workspace as the expert had it: the expert's next turn still applies there, after the
+    failed turn and its results. Returns (the messages up to and including those results, the expert's
+    turn); None when the episode never left the expert's path, left it with a turn that did not fail (a
+    different path, not a mistake), or with one that may have changed the workspace."""
+    mine, theirs = _turns(messages), _turns(expert)
+    for k, (turn, results, end) in enumerate(mine):
+        if k >= len(theirs) or not theirs[k][0].tool_calls:
+            return None  # past the expert's last call: nothing left to show
+        if turn.tool_calls and turn.tool_calls == theirs[k][0].tool_calls:
+            continue
+        if not results or not any(_failed(r) for r in results):
+            return None
+        calls = chat.parse_assistant(chat.assistant_body(turn)).calls
+        for call, result in zip(calls, results, strict=False):
+            ran = isinstance(call, chat.ToolCall) and not result.content.startswith("Error:")
+            if ran and not _harmless(call):
+                return None
+        return list(messages[:end]), theirs[k][0]
+    return None
+
+
+def recovery_sequence(episode_messages: list, expert: list, tokenizer, max_len: int) -> dict | None:
+    """The expert's turn after an episode's first failed step (`recovery_prefix`), as one more member of its
+    group: the episode's conversation through that step's results, then the expert's turn, trained on that
+    turn alone; reward 1, off-policy (DAgger-style relabelling, like correction_sequence).
+
+    Why: the expert's trajectories never hold an error, so the SFT model never saw what follows one. After
+    a malformed call or a search that found nothing its turns degrade (the same broken call again, calls
+    spliced from earlier text) until a limit ends the episode, and its own samples there almost never
+    recover, so the reward alone has nothing to reinforce. This member is the recovery: the call the
+    expert would have made, from the state the policy's mistake left. None when there is no such state or
+    the sequence would be longer than `max_len` tokens."""
+    found = recovery_prefix(episode_messages, expert)
+    if found is None:
+        return None
+    prefix, turn = found
+    seq = guide_sequence([*prefix, turn], prefix, tokenizer)
+    return seq if len(seq["tokens"]) <= max_len else None
+
+
 def group_corrections(
-    group: list, expert: list | None, members: list[dict], tokenizer, max_len: int
+    group: list,
+    expert: list | None,
+    members: list[dict],
+    tokenizer,
+    max_len: int,
+    *,
+    edits: bool = True,
+    recoveries: bool = False,
 ) -> list[dict]:
-    """The corrections (correction_sequence) of a group's unsolved episodes, each state once, and none that
-    only repeats the start of a member's tokens (`members`: the group's other extra members; an episode
-    that started from the expert's reads and failed there gets the guide's own edit, which the guide
-    already trains)."""
+    """The corrections of a group's unsolved episodes: the expert's edit at the episode's state
+    (correction_sequence, with `edits`) and its turn after the episode's first failed step
+    (recovery_sequence, with `recoveries`); each state once, and none that only repeats the start of a
+    member's tokens (`members`: the group's other extra members; an episode that started from the expert's
+    reads and failed there gets the guide's own edit, which the guide already trains)."""
+    makers = [f for f, on in ((correction_sequence, edits), (recovery_sequence, recoveries)) if on]
     out = []
     for r in group if expert is not None else ():
         if r.reward != 0.0:
             continue
-        x = correction_sequence(r.messages, expert, tokenizer, max_len)
-        if x is not None and not any(_starts_with(m["tokens"], x["tokens"]) for m in [*members, *out]):
-            out.append(x)
+        for make in makers:
+            x = make(r.messages, expert, tokenizer, max_len)
+            if x is not None and not any(_starts_with(m["tokens"], x["tokens"]) for m in [*members, *out]):
+                out.append(x)
     return out
 
 
@@ -441,12 +517,17 @@ def run(
             guides = [guide(g[0].task_id) for g in batch]
             counts["guided_groups"] += sum(x is not None for x in guides)
             extras = [[x] if x is not None else [] for x in guides]
-            if rl.expert_corrections:
-                for group, extra in zip(batch, extras):
-                    expert = data.expert_by_task.get(group[0].task_id)
-                    fixes = group_corrections(group, expert, extra, tokenizer, config.model.max_seq_len)
-                    extra.extend(fixes)
-                    counts["corrections"] += len(fixes)
+            for group, extra in zip(batch, extras):
+                expert = data.expert_by_task.get(group[0].task_id)
+                kinds = (("corrections", rl.expert_corrections), ("recoveries", rl.expert_recoveries))
+                for kind, on in kinds:
+                    if on:
+                        fixes = group_corrections(
+                            group, expert, extra, tokenizer, config.model.max_seq_len,
+                            edits=kind == "corrections", recoveries=kind == "recoveries",
+                        )  # fmt: skip
+                        extra.extend(fixes)
+                        counts[kind] += len(fixes)
             seqs, rewards = _sequences(
                 batch, rl.algorithm, extras, rl.similarity_reward, rl.error_turn_penalty, rl.mask_truncated
             )

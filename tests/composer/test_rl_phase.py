@@ -364,3 +364,101 @@ def test_a_group_gets_each_correction_once_and_none_the_guide_holds():
     assert rl.group_corrections([ep(from_start)], expert, [guide], tok, 4096) == []
     # No expert trajectory for the task: none.
     assert rl.group_corrections(group, None, [], tok, 4096) == []
+
+
+def _failed_grep_episode():
+    """The expert's trajectory (_expert_and_episode), and an episode that ran the tests as the expert did,
+    then wrote its search as invalid JSON, got an error, and went on with a broken call."""
+    expert, _ = _expert_and_episode()
+    call = '{"name": "grep", "arguments": {"pattern": "grep", "x"}}'
+    malformed = f"Let me find `total`.\n<tool_call>\n{call}\n</tool_call>"
+    episode = [
+        *expert[:4],
+        chat.Message("assistant", malformed),
+        chat.Message("tool", "Error: malformed tool call: invalid JSON: Expecting ':' delimiter"),
+        chat.Message("assistant", '<tool_call>\n{"name": "run_terminal_cmd"}}\n</tool_call>'),
+        chat.Message("tool", "Error: malformed tool call: invalid JSON: Extra data"),
+    ]
+    return expert, episode
+
+
+def test_a_recovery_puts_the_expert_turn_after_the_first_failed_step():
+    from composer.tokenizer import render
+
+    expert, episode = _failed_grep_episode()
+    tok = _tokenizer(expert + episode)
+    # After the malformed search and its error, the expert's search (not after the second broken call).
+    assert rl.recovery_prefix(episode, expert) == (episode[:6], expert[4])
+    seq = rl.recovery_sequence(episode, expert, tok, max_len=4096)
+    ids, _ = render([*episode[:6], expert[4]], tok)
+    np.testing.assert_array_equal(seq["tokens"], ids)
+    want = len(tok.encode(chat.assistant_body(expert[4]) + "<|im_end|>"))
+    n_prefix = len(render(episode[:6], tok)[0])
+    assert seq["loss_mask"].sum() == want and not seq["loss_mask"][:n_prefix].any()
+    assert seq["rewards"] == 1.0 and seq["off_policy"] == 1.0 and not seq["truncated"]
+    assert rl.recovery_sequence(episode, expert, tok, max_len=len(ids) - 1) is None
+    # A well-formed search for the wrong name, which found nothing, is a failed step too.
+    missed = chat.Message("assistant", "Let me find it.", [chat.ToolCall("grep", {"pattern": "def totl"})])
+    empty = [*expert[:4], missed, chat.Message("tool", "No matches found"), expert[-1]]
+    assert rl.recovery_prefix(empty, expert) == (empty[:6], expert[4])
+
+
+def test_no_recovery_on_the_expert_path_off_it_without_a_failure_or_after_a_change():
+    expert, other_path = _expert_and_episode()
+    # Every turn the expert's: nothing to recover from.
+    assert rl.recovery_prefix(expert, expert) is None
+    # A different search that found something: another path, not a mistake (its no-op edit comes later).
+    assert rl.recovery_prefix(other_path, expert) is None
+    # A failed search beside an edit that applied: the expert's next turn may not hold for the files.
+    edit = chat.ToolCall("search_replace", {"file_path": "pkg/mod.py", "old_string": "a", "new_string": "b"})
+    miss = chat.ToolCall("grep", {"pattern": "def totl"})
+    changed = [
+        *expert[:4],
+        chat.Message("assistant", "Trying.", [edit, miss]),
+        chat.Message("tool", "The file pkg/mod.py has been updated."),
+        chat.Message("tool", "No matches found"),
+    ]
+    assert rl.recovery_prefix(changed, expert) is None
+    # The same in a turn kept as raw text (one of its calls malformed): the edit still ran.
+    raw = (
+        chat.assistant_body(chat.Message("assistant", "Trying.", [edit]))
+        + '\n<tool_call>\n{"name"\n</tool_call>'
+    )
+    changed_raw = [
+        *expert[:4],
+        chat.Message("assistant", raw),
+        chat.Message("tool", "The file pkg/mod.py has been updated."),
+        chat.Message("tool", "Error: malformed tool call: invalid JSON"),
+    ]
+    assert rl.recovery_prefix(changed_raw, expert) is None
+    # An edit that could not apply changed nothing: the expert's search still holds after it.
+    refused = [*changed_raw[:5], chat.Message("tool", "Error: old_string not found"), changed_raw[6]]
+    assert rl.recovery_prefix(refused, expert) == (refused, expert[4])
+    # Past the expert's last call (its final answer): nothing to show.
+    after = [
+        *expert[:-1],
+        chat.Message("assistant", "More.", [miss]),
+        chat.Message("tool", "No matches found"),
+    ]
+    assert rl.recovery_prefix(after, expert) is None
+
+
+def test_a_group_gets_recoveries_beside_edit_corrections_each_once():
+    expert, episode = _expert_and_episode()
+    _, failed = _failed_grep_episode()
+    tok = _tokenizer(expert + episode + failed)
+
+    def ep(messages, reward=0.0):
+        return SimpleNamespace(messages=messages, reward=reward)
+
+    group = [ep(failed), ep(failed), ep(episode), ep(failed, reward=1.0)]
+    assert rl.group_corrections(group, expert, [], tok, 4096, edits=False, recoveries=False) == []
+    recoveries = rl.group_corrections(group, expert, [], tok, 4096, edits=False, recoveries=True)
+    assert len(recoveries) == 1
+    np.testing.assert_array_equal(
+        recoveries[0]["tokens"], rl.recovery_sequence(failed, expert, tok, 4096)["tokens"]
+    )
+    both = rl.group_corrections(group, expert, [], tok, 4096, recoveries=True)
+    assert len(both) == 2  # the other-path episode's edit correction, the failed one's recovery
+    # One already among the members is not added again.
+    assert rl.group_corrections(group, expert, recoveries, tok, 4096, edits=False, recoveries=True) == []
