@@ -184,10 +184,15 @@ def _turns(messages: list) -> list[tuple[chat.Message, list[chat.Message], int]]
     return out
 
 
+def _error(result: chat.Message) -> bool:
+    """A tool result that is an error (malformed call, unknown tool, an edit that could not apply, ...:
+    env/tools/dispatch.py words them all 'Error: ...'); the call changed nothing."""
+    return result.content.startswith("Error:")
+
+
 def _failed(result: chat.Message) -> bool:
-    """A tool result that did nothing useful: an error (malformed call, unknown tool, an edit that could not
-    apply, ...: env/tools/dispatch.py words them all 'Error: ...') or a search that found nothing."""
-    return result.content.startswith("Error:") or result.content.startswith("No matches found")
+    """A tool result that did nothing useful: an error, or a search that found nothing."""
+    return _error(result) or result.content.startswith("No matches found")
 
 
 def recovery_prefix(messages: list, expert: list) -> tuple[list, chat.Message] | None:
@@ -210,8 +215,7 @@ def recovery_prefix(messages: list, expert: list) -> tuple[list, chat.Message] |
             return None
         calls = chat.parse_assistant(chat.assistant_body(turn)).calls
         for call, result in zip(calls, results, strict=False):
-            ran = isinstance(call, chat.ToolCall) and not result.content.startswith("Error:")
-            if ran and not _harmless(call):
+            if isinstance(call, chat.ToolCall) and not _error(result) and not _harmless(call):
                 return None
         return list(messages[:end]), theirs[k][0]
     return None
@@ -237,29 +241,20 @@ def recovery_sequence(episode_messages: list, expert: list, tokenizer, max_len: 
 
 
 def group_corrections(
-    group: list,
-    expert: list | None,
-    members: list[dict],
-    tokenizer,
-    max_len: int,
-    *,
-    edits: bool = True,
-    recoveries: bool = False,
+    group: list, expert: list | None, members: list[dict], tokenizer, max_len: int, make=None
 ) -> list[dict]:
-    """The corrections of a group's unsolved episodes: the expert's edit at the episode's state
-    (correction_sequence, with `edits`) and its turn after the episode's first failed step
-    (recovery_sequence, with `recoveries`); each state once, and none that only repeats the start of a
-    member's tokens (`members`: the group's other extra members; an episode that started from the expert's
-    reads and failed there gets the guide's own edit, which the guide already trains)."""
-    makers = [f for f, on in ((correction_sequence, edits), (recovery_sequence, recoveries)) if on]
+    """What `make` (correction_sequence, the default, or recovery_sequence) builds for a group's unsolved
+    episodes, each state once, and none that only repeats the start of a member's tokens (`members`: the
+    group's other extra members; an episode that started from the expert's reads and failed there gets
+    the guide's own edit, which the guide already trains)."""
+    make = make or correction_sequence
     out = []
     for r in group if expert is not None else ():
         if r.reward != 0.0:
             continue
-        for make in makers:
-            x = make(r.messages, expert, tokenizer, max_len)
-            if x is not None and not any(_starts_with(m["tokens"], x["tokens"]) for m in [*members, *out]):
-                out.append(x)
+        x = make(r.messages, expert, tokenizer, max_len)
+        if x is not None and not any(_starts_with(m["tokens"], x["tokens"]) for m in [*members, *out]):
+            out.append(x)
     return out
 
 
@@ -470,6 +465,11 @@ def run(
             return None
         return guide_sequence(data.expert_by_task[task_id], starts.get(task_id), tokenizer)
 
+    kinds = (
+        ("corrections", correction_sequence, rl.expert_corrections),
+        ("recoveries", recovery_sequence, rl.expert_recoveries),
+    )
+    fixers = [(kind, make) for kind, make, on in kinds if on]
     counts = collections.Counter()
     batch: list[list] = []
     step, version = meta["step"], meta["version"]
@@ -519,15 +519,10 @@ def run(
             extras = [[x] if x is not None else [] for x in guides]
             for group, extra in zip(batch, extras):
                 expert = data.expert_by_task.get(group[0].task_id)
-                kinds = (("corrections", rl.expert_corrections), ("recoveries", rl.expert_recoveries))
-                for kind, on in kinds:
-                    if on:
-                        fixes = group_corrections(
-                            group, expert, extra, tokenizer, config.model.max_seq_len,
-                            edits=kind == "corrections", recoveries=kind == "recoveries",
-                        )  # fmt: skip
-                        extra.extend(fixes)
-                        counts[kind] += len(fixes)
+                for kind, make in fixers:
+                    fixes = group_corrections(group, expert, extra, tokenizer, config.model.max_seq_len, make)
+                    extra.extend(fixes)
+                    counts[kind] += len(fixes)
             seqs, rewards = _sequences(
                 batch, rl.algorithm, extras, rl.similarity_reward, rl.error_turn_penalty, rl.mask_truncated
             )

@@ -340,15 +340,16 @@ def test_corrections_join_the_guide_in_the_group(algorithm):
     np.testing.assert_allclose(adv[4:], adv[4])
 
 
+def _result(messages, reward=0.0):
+    """An episode's result as group_corrections reads it."""
+    return SimpleNamespace(messages=messages, reward=reward)
+
+
 def test_a_group_gets_each_correction_once_and_none_the_guide_holds():
     expert, episode = _expert_and_episode()
     tok = _tokenizer(expert + episode)
-
-    def ep(messages, reward=0.0):
-        return SimpleNamespace(messages=messages, reward=reward)
-
     # Two unsolved episodes at the same state, one solved: one correction.
-    group = [ep(episode), ep(episode), ep(episode, reward=1.0)]
+    group = [_result(episode), _result(episode), _result(episode, reward=1.0)]
     fixes = rl.group_corrections(group, expert, [], tok, 4096)
     assert len(fixes) == 1
     np.testing.assert_array_equal(
@@ -360,8 +361,8 @@ def test_a_group_gets_each_correction_once_and_none_the_guide_holds():
         chat.Message("assistant", "Fixing.", [chat.ToolCall("grep", {"pattern": "x"})]),
     ]
     guide = rl.guide_sequence(expert, rollouts.before_first_edit(expert), tok)
-    assert rl.group_corrections([ep(from_start)], expert, [], tok, 4096)
-    assert rl.group_corrections([ep(from_start)], expert, [guide], tok, 4096) == []
+    assert rl.group_corrections([_result(from_start)], expert, [], tok, 4096)
+    assert rl.group_corrections([_result(from_start)], expert, [guide], tok, 4096) == []
     # No expert trajectory for the task: none.
     assert rl.group_corrections(group, None, [], tok, 4096) == []
 
@@ -443,22 +444,20 @@ def test_no_recovery_on_the_expert_path_off_it_without_a_failure_or_after_a_chan
     assert rl.recovery_prefix(after, expert) is None
 
 
-def test_a_group_gets_recoveries_beside_edit_corrections_each_once():
+def test_a_group_gets_each_recovery_once_beside_its_edit_corrections():
     expert, episode = _expert_and_episode()
     _, failed = _failed_grep_episode()
     tok = _tokenizer(expert + episode + failed)
-
-    def ep(messages, reward=0.0):
-        return SimpleNamespace(messages=messages, reward=reward)
-
-    group = [ep(failed), ep(failed), ep(episode), ep(failed, reward=1.0)]
-    assert rl.group_corrections(group, expert, [], tok, 4096, edits=False, recoveries=False) == []
-    recoveries = rl.group_corrections(group, expert, [], tok, 4096, edits=False, recoveries=True)
+    group = [_result(failed), _result(failed), _result(episode), _result(failed, reward=1.0)]
+    recoveries = rl.group_corrections(group, expert, [], tok, 4096, rl.recovery_sequence)
     assert len(recoveries) == 1
     np.testing.assert_array_equal(
         recoveries[0]["tokens"], rl.recovery_sequence(failed, expert, tok, 4096)["tokens"]
     )
-    both = rl.group_corrections(group, expert, [], tok, 4096, recoveries=True)
-    assert len(both) == 2  # the other-path episode's edit correction, the failed one's recovery
+    # The other-path episode gets an edit correction, the failed one none (it never read the code).
+    edits = rl.group_corrections(group, expert, recoveries, tok, 4096)
+    np.testing.assert_array_equal(
+        [e["tokens"] for e in edits], [rl.correction_sequence(episode, expert, tok, 4096)["tokens"]]
+    )
     # One already among the members is not added again.
-    assert rl.group_corrections(group, expert, recoveries, tok, 4096, edits=False, recoveries=True) == []
+    assert rl.group_corrections(group, expert, recoveries, tok, 4096, rl.recovery_sequence) == []
