@@ -293,22 +293,30 @@ def _expert_and_episode():
     return expert, episode
 
 
-def test_a_correction_puts_the_expert_edit_where_the_episode_saw_the_code():
+def _assert_trains_the_turn_alone(seq: dict, prefix: list, turn: chat.Message, tok) -> int:
+    """`seq` is `prefix` then the expert's `turn`, with the loss on that turn's tokens alone, reward 1,
+    off-policy; returns its length."""
     from composer.tokenizer import render
+
+    ids, _ = render([*prefix, turn], tok)
+    np.testing.assert_array_equal(seq["tokens"], ids)
+    want = len(tok.encode(chat.assistant_body(turn) + "<|im_end|>"))
+    n_prefix = len(render(prefix, tok)[0])
+    assert seq["loss_mask"].sum() == want and not seq["loss_mask"][:n_prefix].any()
+    assert seq["rewards"] == 1.0 and seq["off_policy"] == 1.0 and not seq["truncated"]
+    return len(ids)
+
+
+def test_a_correction_puts_the_expert_edit_where_the_episode_saw_the_code():
 
     expert, episode = _expert_and_episode()
     tok = _tokenizer(expert + episode)
     # The first turn after the read that showed `return a - b` (not after the grep that missed it).
     assert rl.correction_prefix(episode, expert[6]) == episode[:8]
     seq = rl.correction_sequence(episode, expert, tok, max_len=4096)
-    ids, _ = render([*episode[:8], expert[6]], tok)
-    np.testing.assert_array_equal(seq["tokens"], ids)
-    want = len(tok.encode(chat.assistant_body(expert[6]) + "<|im_end|>"))
-    n_prefix = len(render(episode[:8], tok)[0])
-    assert seq["loss_mask"].sum() == want and not seq["loss_mask"][:n_prefix].any()
-    assert seq["rewards"] == 1.0 and seq["off_policy"] == 1.0
+    n = _assert_trains_the_turn_alone(seq, episode[:8], expert[6], tok)
     # Too long for the learner: none.
-    assert rl.correction_sequence(episode, expert, tok, max_len=len(ids) - 1) is None
+    assert rl.correction_sequence(episode, expert, tok, max_len=n - 1) is None
 
 
 def test_no_correction_without_the_code_shown_or_after_a_change_to_the_workspace():
@@ -384,20 +392,14 @@ def _failed_grep_episode():
 
 
 def test_a_recovery_puts_the_expert_turn_after_the_first_failed_step():
-    from composer.tokenizer import render
 
     expert, episode = _failed_grep_episode()
     tok = _tokenizer(expert + episode)
     # After the malformed search and its error, the expert's search (not after the second broken call).
     assert rl.recovery_prefix(episode, expert) == (episode[:6], expert[4])
     seq = rl.recovery_sequence(episode, expert, tok, max_len=4096)
-    ids, _ = render([*episode[:6], expert[4]], tok)
-    np.testing.assert_array_equal(seq["tokens"], ids)
-    want = len(tok.encode(chat.assistant_body(expert[4]) + "<|im_end|>"))
-    n_prefix = len(render(episode[:6], tok)[0])
-    assert seq["loss_mask"].sum() == want and not seq["loss_mask"][:n_prefix].any()
-    assert seq["rewards"] == 1.0 and seq["off_policy"] == 1.0 and not seq["truncated"]
-    assert rl.recovery_sequence(episode, expert, tok, max_len=len(ids) - 1) is None
+    n = _assert_trains_the_turn_alone(seq, episode[:6], expert[4], tok)
+    assert rl.recovery_sequence(episode, expert, tok, max_len=n - 1) is None
     # A well-formed search for the wrong name, which found nothing, is a failed step too.
     missed = chat.Message("assistant", "Let me find it.", [chat.ToolCall("grep", {"pattern": "def totl"})])
     empty = [*expert[:4], missed, chat.Message("tool", "No matches found"), expert[-1]]
