@@ -223,6 +223,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # held-out episodes truncated (28% / 28.5% against 32% / 35.5%), at 2.0 (seed 0) 8 with 19.5%; at lr
     # 3e-4, 9 / 2 (10 on seed 0 without it). Fewer error loops, no more solves: off.
     c.rl.error_turn_penalty = 0.0
+    # With the penalty, also the turns with a search that found nothing (composer/pipeline/rl.py:
+    # penalised_spans): the two-family model's most common held-out failure is a second-turn grep for a
+    # mis-copied name (49 of 200 greedy episodes), no error result, so not penalised without this.
+    c.rl.penalize_empty_searches = False
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups
     # A batch whose advantages are all zero is not trained on (the step still counts): an update that

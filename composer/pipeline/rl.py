@@ -19,7 +19,8 @@ One iteration of the loop, phases as named below:
               buggy code also gets the expert's edit turn at its own state (`correction_sequence`);
               with `rl.expert_recoveries`, each unsolved episode whose first step off the expert's path
               failed (an error, an empty search) gets the expert's turn after it (`recovery_sequence`);
-              with `rl.error_turn_penalty`, the turns whose calls got an error result get that much less
+              with `rl.error_turn_penalty`, the turns whose calls got an error result (and, with
+              `rl.penalize_empty_searches`, those with a search that found nothing) get that much less
               advantage, token by token (`error_turn_advantages`);
   UPDATE      one jitted, sharded rl_step over the batch (micro-batches scanned); the policy's log-probs are
               those of the tempered distribution the sampler drew from (`sampling.temperature`); with
@@ -280,13 +281,15 @@ def _sequences(
     similarity_reward: float = 0.0,
     error_turn_penalty: float = 0.0,
     mask_truncated: bool = False,
+    empty_searches: bool = False,
 ) -> tuple[list[dict], np.ndarray]:
     """Training sequences of the groups' episodes, with per-sequence group advantages (for 'gae': zeros,
     replaced by per-token GAE under the critic in ppo_targets), and the groups' rewards [groups, size].
     `extras[i]` (off-policy members: the expert's guide, corrections) join group i before its advantages
     are computed; the rewards returned are the episodes' only, unshaped. The episodes' rewards for the
     advantages are `shaped_reward`s. With `error_turn_penalty` > 0 every sequence's advantages are per
-    token (`error_turn_advantages`)."""
+    token (`error_turn_advantages`), the penalised turns being those with an error result and, with
+    `empty_searches`, those with a search that found nothing (`penalised_spans`)."""
     extras = extras or [[] for _ in groups]
     seqs = []
     for group, extra in zip(groups, extras, strict=True):
@@ -308,13 +311,27 @@ def _sequences(
             advantages = np.asarray(adv_lib.compute_advantages(algorithm, rewards).advantages).reshape(-1)
         members = [dict(m, advantages=float(a)) for m, a in zip(members, advantages)]
         if error_turn_penalty > 0:
-            spans = [r.error_spans for r in group] + [[] for _ in extra]
+            spans = [penalised_spans(r, empty_searches) for r in group] + [[] for _ in extra]
             members = [
                 error_turn_advantages(m, s, error_turn_penalty, mask_truncated)
                 for m, s in zip(members, spans, strict=True)
             ]
         seqs.extend(members)
     return seqs, np.array([[r.reward for r in g] for g in groups], np.float32)
+
+
+def penalised_spans(result, empty_searches: bool) -> list[tuple[int, int]]:
+    """The turns of an episode that `rl.error_turn_penalty` applies to: those with an error result and,
+    with `empty_searches` (rl.penalize_empty_searches), those with a search that found nothing.
+
+    Why the empty searches: the default model's most common failure on held-out tasks is its second turn,
+    a grep for a name mis-copied from the report (`def Wallet` for `Account.debit`), which finds nothing;
+    the episode then loops to a limit (masked out of the loss) or edits blind. Such a turn is no error,
+    so without this it never gets an advantage of its own."""
+    spans = list(result.error_spans)
+    if empty_searches:
+        spans += [s for s in result.empty_spans if s not in spans]
+    return spans
 
 
 def error_turn_advantages(
@@ -348,9 +365,10 @@ def error_turn_advantages(
 def group_has_signal(group: list, rl: ml_collections.ConfigDict, *, guided: bool) -> bool:
     """Whether a group's advantages would not all be zero (dynamic sampling drops those that would): its
     shaped rewards differ; or it is guided (the guide's reward of 1 joins them, so only an all-solved
-    group lacks signal); or, with `rl.error_turn_penalty`, an episode has an error turn."""
+    group lacks signal); or, with `rl.error_turn_penalty`, an episode has a penalised turn."""
     rewards = {shaped_reward(r, rl.similarity_reward) for r in group} | ({1.0} if guided else set())
-    return len(rewards) > 1 or (rl.error_turn_penalty > 0 and any(r.error_spans for r in group))
+    penalised = any(penalised_spans(r, rl.penalize_empty_searches) for r in group)
+    return len(rewards) > 1 or (rl.error_turn_penalty > 0 and penalised)
 
 
 def has_policy_signal(seqs: list[dict], rl: ml_collections.ConfigDict) -> bool:
@@ -398,6 +416,8 @@ def run(
     ppo = rl.algorithm == "gae"
     if ppo and rl.error_turn_penalty:  # ppo_targets replaces the advantages with GAE's
         raise ValueError("rl.error_turn_penalty applies to the group estimators, not 'gae'")
+    if rl.penalize_empty_searches and not rl.error_turn_penalty:
+        raise ValueError("rl.penalize_empty_searches needs rl.error_turn_penalty > 0: the penalty it applies")
     sampler_cfg, sft_params = cfg, init_params
     if ppo:
         # PPO: a critic head on the policy's trunk, born at zero beside the SFT weights.
@@ -524,7 +544,13 @@ def run(
                     extra.extend(fixes)
                     counts[kind] += len(fixes)
             seqs, rewards = _sequences(
-                batch, rl.algorithm, extras, rl.similarity_reward, rl.error_turn_penalty, rl.mask_truncated
+                batch,
+                rl.algorithm,
+                extras,
+                rl.similarity_reward,
+                rl.error_turn_penalty,
+                rl.mask_truncated,
+                rl.penalize_empty_searches,
             )
             # UPDATE (skipped when the batch carries no signal: see has_policy_signal)
             t0 = time.time()

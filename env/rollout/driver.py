@@ -82,6 +82,8 @@ class EpisodeResult:
     # [start, end) in `ids` of the generated turns whose calls got at least one error result (a malformed
     # call, an unknown tool, a failed edit): always-wrong turns, whatever the episode's reward
     error_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    # ... and of those with a search that found nothing (a wrong name, a pattern that cannot match)
+    empty_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 
 def default_prompt(task: Any) -> list[Message]:
@@ -263,6 +265,7 @@ class _Rollout:
             error=error,
             grade=grade,
             error_spans=[s for s, n in zip(ep.turn_spans, ep.turn_errors, strict=True) if n],
+            empty_spans=[s for s, n in zip(ep.turn_spans, ep.turn_empty, strict=True) if n],
         )
         if len(self.results[ep.group]) == self.group_size:
             self.done_groups.append(ep.group)

@@ -106,6 +106,8 @@ class Episode:
     # [start, end) in `ids` of each generated turn whose calls ran, with how many of its results were errors
     turn_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     turn_errors: list[int] = dataclasses.field(default_factory=list)
+    # ... and how many were searches that found nothing (ToolResult.found_nothing)
+    turn_empty: list[int] = dataclasses.field(default_factory=list)
     truncated: bool = False
     truncation: str | None = None  # 'turns' | 'tokens' | 'time'
     n_prompt_tokens: int = 0
@@ -213,15 +215,17 @@ class Episode:
             self.turn_calls.append([c.name if isinstance(c, ToolCall) else "" for c in calls])
             self.turn_spans.append((start, start + len(generated)))
             self.turn_errors.append(0)
+            self.turn_empty.append(0)
             return calls
         return []
 
     def on_results(self, results: Sequence[Any], tokenizer: Any, limits: RolloutLimits, now: float) -> None:
-        """Appends the results of the turn's calls (ToolResult-like: .text, .is_error), in call order, and
-        the next generation prompt (state -> GENERATE); or truncates when the stream would outgrow
-        max_episode_tokens or the wall time is up (state -> GRADING, results not appended)."""
+        """Appends the results of the turn's calls (ToolResult-like: .text, .is_error, .found_nothing), in
+        call order, and the next generation prompt (state -> GENERATE); or truncates when the stream would
+        outgrow max_episode_tokens or the wall time is up (state -> GRADING, results not appended)."""
         assert self.state is State.TOOLS, self.state
         self.turn_errors[-1] = sum(bool(r.is_error) for r in results)
+        self.turn_empty[-1] = sum(bool(r.found_nothing) for r in results)
         tool_messages = [Message("tool", r.text) for r in results]
         # The newline that follows the assistant's <|im_end|>, then the user turn of results, then the header
         # of the next assistant turn: the text render_text puts between the two assistant bodies.

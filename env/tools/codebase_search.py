@@ -325,5 +325,5 @@ def codebase_search(ctx: ToolContext, args: dict) -> ToolResult:
         ctx.search_index.refresh(ctx.real_workspace, ctx.take_dirty())
         hits = ctx.search_index.search(args["query"], prefixes, TOP_K)
     if not hits:
-        return ToolResult("No results found.")
+        return ToolResult("No results found.", found_nothing=True)
     return ToolResult(format_chunks(hits))

@@ -9,10 +9,12 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class ToolResult:
-    """One tool result as the model sees it: a text block and an error flag."""
+    """One tool result as the model sees it: a text block and an error flag; `found_nothing` marks a search
+    that matched nothing (grep, codebase_search): not an error, but a call that showed the model nothing."""
 
     text: str
     is_error: bool = False
+    found_nothing: bool = False
 
 
 class ToolError(Exception):

@@ -129,9 +129,10 @@ def grep(ctx: ToolContext, args: dict) -> ToolResult:
 def _no_match(run) -> ToolResult:
     if run.timed_out:
         return ToolResult(
-            f"No matches found (ripgrep stopped after {RG_TIMEOUT_S:g} s; the search is incomplete)"
+            f"No matches found (ripgrep stopped after {RG_TIMEOUT_S:g} s; the search is incomplete)",
+            found_nothing=True,
         )
-    return ToolResult("No matches found")
+    return ToolResult("No matches found", found_nothing=True)
 
 
 def _directory(ctx: ToolContext, raw: str):

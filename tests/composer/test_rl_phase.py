@@ -104,6 +104,33 @@ def test_an_all_failed_group_with_error_turns_has_signal_and_packs_per_token(alg
     assert batch["advantages"].shape == batch["tokens"].shape
 
 
+def test_empty_searches_are_penalised_like_errors_only_when_asked():
+    groups = _groups([[0, 0, 0]])
+    for r in groups[0]:
+        r.error_spans, r.empty_spans = [], []
+    groups[0][0].error_spans = [(1, 2)]
+    groups[0][1].empty_spans = [(1, 3)]
+    groups[0][2].error_spans = groups[0][2].empty_spans = [(1, 3)]  # an error and an empty search: once
+    seqs, _ = rl._sequences(groups, "grpo", error_turn_penalty=0.5)
+    assert [s["advantages"].tolist() for s in seqs] == [[0, -0.5, 0], [0, 0, 0], [0, -0.5, -0.5]]
+    seqs, _ = rl._sequences(groups, "grpo", error_turn_penalty=0.5, empty_searches=True)
+    assert [s["advantages"].tolist() for s in seqs] == [[0, -0.5, 0], [0, -0.5, -0.5], [0, -0.5, -0.5]]
+    rl_config = experiment.get_config().rl
+    rl_config.error_turn_penalty = 0.5
+    alike = groups[0][1:2] * 2  # two failures whose only fault is an empty search
+    assert not rl.group_has_signal(alike, rl_config, guided=False)
+    rl_config.penalize_empty_searches = True
+    assert rl.group_has_signal(alike, rl_config, guided=False)
+
+
+def test_penalising_empty_searches_without_a_penalty_fails_before_the_phase_starts(tmp_path):
+    config = experiment.get_config()
+    config.rl.penalize_empty_searches = True
+    with pytest.raises(ValueError, match="rl.penalize_empty_searches"):
+        rl.run(config, tmp_path, None, None, None, None, None)
+    assert not any(tmp_path.iterdir())
+
+
 def test_dynamic_sampling_keeps_groups_whose_advantages_are_not_all_zero():
     rl_config = experiment.get_config().rl
     failed, mixed, solved = (g[0] for g in (_groups([[0, 0]]), _groups([[1, 0]]), _groups([[1, 1]])))

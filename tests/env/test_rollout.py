@@ -25,6 +25,7 @@ EDIT = ToolCall("search_replace", {"file_path": "src/stats.py", "old_string": "a
 class Result:
     text: str
     is_error: bool = False
+    found_nothing: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +254,24 @@ def test_malformed_call_gets_an_error_result_and_the_episode_goes_on(tok):
     assert r.ids[start:end] == bad and all(r.loss_mask[start:end]) and not r.loss_mask[start - 1]
     # The malformed turn is shown as generated (it has no structured form), and still renders exactly.
     assert tok.decode(r.ids) + "\n" == chat.render_text(r.messages)
+
+
+def test_a_turn_whose_search_found_nothing_is_located_in_the_stream(tok):
+    class EmptyGreps(FakePool):
+        def submit_calls(self, episode_id, calls):
+            super().submit_calls(episode_id, calls)
+            results = self.events[-1].payload["results"]
+            self.events[-1].payload["results"] = [
+                Result("No matches found", found_nothing=True) if c.name == "grep" else res
+                for c, res in zip(calls, results, strict=True)
+            ]
+
+    (r,), _, _ = _run(tok, SOLVE, pool=EmptyGreps())
+    # SOLVE's first turn reads and greps in parallel: one empty search, no error.
+    ((start, end),) = r.empty_spans
+    assert r.error_spans == [] and r.n_tool_errors == 0
+    assert r.ids[start:end] == turn_ids(SOLVE[0], tok)
+    assert all(r.loss_mask[start:end]) and not r.loss_mask[start - 1]
 
 
 def test_groups_come_out_whole_and_both_drivers_agree(tok):

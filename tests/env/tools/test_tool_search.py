@@ -81,7 +81,9 @@ def test_grep_files_with_matches_and_count(ws):
 
 def test_grep_no_match_and_bad_regex(ws):
     ctx = ToolContext(ws)
-    assert call(ctx, "grep", pattern="zzz_nothing") == ToolResult("No matches found")
+    # Not an error, but flagged: a search that showed the model nothing (RL may penalise the turn).
+    assert call(ctx, "grep", pattern="zzz_nothing") == ToolResult("No matches found", found_nothing=True)
+    assert not call(ctx, "grep", pattern="def").found_nothing
     bad = call(ctx, "grep", pattern="(unclosed")
     assert bad.is_error and "regex parse error" in bad.text
     unknown_type = call(ctx, "grep", pattern="x", type="nolang")
