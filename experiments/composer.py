@@ -227,6 +227,14 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # penalised_spans): the two-family model's most common held-out failure is a second-turn grep for a
     # mis-copied name (49 of 200 greedy episodes), no error result, so not penalised without this.
     c.rl.penalize_empty_searches = False
+    # Search turns: each step, this many train tasks' first search turn (the second turn) is sampled
+    # search_turn_samples times from the expert's state before it, run on a copy of the repository and
+    # scored by the share of the expert's matches it shows; each task's samples join the batch as one
+    # more group (composer/pipeline/search_turns.py; 0: off). That turn is where most held-out episodes
+    # of the two-family model fail (a grep for a mis-copied name), and its samples are right about 60%
+    # of the time, so nearly every such group carries signal.
+    c.rl.search_turn_tasks = 0
+    c.rl.search_turn_samples = 4
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups
     # A batch whose advantages are all zero is not trained on (the step still counts): an update that

@@ -30,9 +30,11 @@ def _launch(workdir: Path, log: Path, *extra: str) -> subprocess.Popen:
 @pytest.mark.slow
 def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
     workdir = tmp_path / "run"
-    # First run: kill -9 as soon as the first RL checkpoint is complete.
+    # First run: kill -9 as soon as the first RL checkpoint is complete. With search turns (sampled from
+    # the expert's states beside the episodes), so that their groups go through an update and a resume.
+    search = "--config.rl.search_turn_tasks=2"
     log = tmp_path / "first.log"
-    proc = _launch(workdir, log)
+    proc = _launch(workdir, log, search)
     deadline = time.time() + 600
     rl_ckpt = workdir / "checkpoints" / "rl"
     while time.time() < deadline and proc.poll() is None:
@@ -47,7 +49,7 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
 
     # Rerun with the same workdir: DATA and SFT are skipped, RL resumes after its last checkpoint.
     log = tmp_path / "second.log"
-    proc = _launch(workdir, log)
+    proc = _launch(workdir, log, search)
     proc.wait(timeout=900)
     out = log.read_text()
     assert proc.returncode == 0, out[-5000:]
@@ -55,6 +57,7 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
     assert "RL: resuming at step" in out, out[-5000:]
     steps_after = [r["step"] for r in read_metrics(workdir, "rl")][len(steps_before) :]
     assert steps_after and steps_after[0] <= steps_before[-1] + 1 and steps_after[-1] == 4
+    assert all(0.0 <= r["search_reward"] <= 1.0 for r in read_metrics(workdir, "rl"))
     summary = json.loads((workdir / "summary.json").read_text())
     for phase in ("sft", "rl"):
         assert summary[phase]["episodes"] == 4

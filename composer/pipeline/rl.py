@@ -21,7 +21,9 @@ One iteration of the loop, phases as named below:
               failed (an error, an empty search) gets the expert's turn after it (`recovery_sequence`);
               with `rl.error_turn_penalty`, the turns whose calls got an error result (and, with
               `rl.penalize_empty_searches`, those with a search that found nothing) get that much less
-              advantage, token by token (`error_turn_advantages`);
+              advantage, token by token (`error_turn_advantages`); with `rl.search_turn_tasks`, that many
+              train tasks' first search turns, sampled from the expert's state and scored by running them,
+              join the batch as groups of their own (composer/pipeline/search_turns.py);
   UPDATE      one jitted, sharded rl_step over the batch (micro-batches scanned); the policy's log-probs are
               those of the tempered distribution the sampler drew from (`sampling.temperature`); with
               `rl.kl_coef` > 0, a KL term to the frozen starting (SFT) model; skipped, and counted
@@ -50,13 +52,14 @@ from composer import params as params_lib
 from composer.checkpoint import Checkpointer, finish_saves_on_sigterm
 from composer.metrics import MetricsWriter
 from composer.pipeline import learner as learner_lib
-from composer.pipeline import rollouts
+from composer.pipeline import rollouts, search_turns
 from composer.pipeline.evaluate import evaluate
 from composer.rl import advantages as adv_lib
 from composer.tokenizer import render
 from env.expert import TEST_COMMAND
 from env.rollout import iter_groups
 from env.rollout.episode import READ_TOOLS
+from env.tools import offered_tools
 
 # How many tasks past the ones needed the stream may use to replace dropped groups (errors, staleness).
 _STREAM_SLACK = 2
@@ -392,6 +395,18 @@ def _checkpointer(config, workdir: Path) -> Checkpointer:
     )  # fmt: skip
 
 
+def _search_metrics(rewards: np.ndarray, seconds: float) -> dict:
+    """The search turns' mean reward, how many of their groups carried signal (rewards not all equal), and
+    the seconds spent sampling and scoring them; nothing when there were none."""
+    if not rewards.size:
+        return {}
+    return {
+        "search_reward": float(rewards.mean()),
+        "search_groups_with_signal": float(np.sum(rewards.max(axis=1) > rewards.min(axis=1))),
+        "search_s": seconds,
+    }
+
+
 def latest_step(config, workdir: Path) -> int | None:
     """The step of the RL phase's latest complete checkpoint (None: none yet)."""
     ckpt = _checkpointer(config, workdir)
@@ -416,6 +431,13 @@ def run(
     ppo = rl.algorithm == "gae"
     if ppo and rl.error_turn_penalty:  # ppo_targets replaces the advantages with GAE's
         raise ValueError("rl.error_turn_penalty applies to the group estimators, not 'gae'")
+    if rl.search_turn_tasks < 0 or (rl.search_turn_tasks and rl.search_turn_samples < 2):
+        raise ValueError(
+            f"rl.search_turn_tasks must be >= 0 and rl.search_turn_samples >= 2 when it is on, got "
+            f"{rl.search_turn_tasks} and {rl.search_turn_samples}"
+        )
+    if ppo and rl.search_turn_tasks:  # a search turn is a group of its own, with no values
+        raise ValueError("rl.search_turn_tasks applies to the group estimators, not 'gae'")
     if rl.penalize_empty_searches and not rl.error_turn_penalty:
         raise ValueError("rl.penalize_empty_searches needs rl.error_turn_penalty > 0: the penalty it applies")
     sampler_cfg, sft_params = cfg, init_params
@@ -490,6 +512,25 @@ def run(
         ("recoveries", recovery_sequence, rl.expert_recoveries),
     )
     fixers = [(kind, make) for kind, make, on in kinds if on]
+    search_states, search_sampler = [], None
+    if rl.search_turn_tasks:
+        repos = {t.instance_id: t.repo for t in data.train_tasks}
+        found = (
+            search_turns.search_state(task_id, messages, repos[task_id])
+            for task_id, messages in sorted(data.expert_by_task.items())
+            if task_id in repos
+        )
+        search_states = [s for s in found if s is not None]
+        search_sampler = rollouts.make_sampler(
+            config,
+            learner.params,
+            sampler_cfg,
+            tokenizer.im_end_id,
+            temperature=config.sampling.temperature,
+            key=jax.random.fold_in(key, 1 << 20),
+        )
+        search_sampler.update_params(learner.params, meta["version"])
+        logging.info("RL: %d train tasks have a search turn to sample", len(search_states))
     counts = collections.Counter()
     batch: list[list] = []
     step, version = meta["step"], meta["version"]
@@ -552,6 +593,19 @@ def run(
                 rl.mask_truncated,
                 rl.penalize_empty_searches,
             )
+            t_search = time.time()
+            chosen = search_turns.choose(search_states, rl.search_turn_tasks, config.seed, step)
+            search_seqs, search_rewards = search_turns.search_sequences(
+                chosen,
+                search_sampler,
+                tokenizer,
+                samples=rl.search_turn_samples,
+                max_new_tokens=config.sampling.max_turn_tokens,
+                algorithm=rl.algorithm,
+                tools=offered_tools(config.env.tools),
+            )
+            seqs += search_seqs
+            search_s = time.time() - t_search
             # UPDATE (skipped when the batch carries no signal: see has_policy_signal)
             t0 = time.time()
             if has_policy_signal(seqs, rl):
@@ -565,6 +619,8 @@ def run(
                 version += 1
                 # SYNC
                 sampler.update_params(learner.params, version)
+                if search_sampler is not None:
+                    search_sampler.update_params(learner.params, version)
             else:
                 metrics = {"update_skipped": 1.0}
             step += 1
@@ -582,6 +638,7 @@ def run(
                 error_turns_per_episode=float(np.mean([len(r.error_spans) for r in flat])),
                 patch_similarity=float(np.mean([r.components.get("patch_similarity", 0.0) for r in flat])),
                 update_s=time.time() - t0,
+                **_search_metrics(search_rewards, search_s),
                 rollout_s=rollout_s,
                 **{k: sampler_stats[k] for k in ("occupancy", "tokens_per_s", "prefill_share")},
                 reused_tokens=sampler_stats["reused_tokens"] - reused_before,
