@@ -197,18 +197,19 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # model's edits from the expert's reads: 2 of 128 at 0.6); every group then carries signal.
     c.rl.expert_guidance = True
     # Corrections: each unsolved episode that read the buggy code also gets the expert's edit turn at its
-    # own state, as one more member (composer/pipeline/rl.py:correction_sequence; reward 1, off-policy).
+    # own state, as one more member (composer/pipeline/expert_members.py:correction_sequence; reward 1,
+    # off-policy).
     # From one SFT model (8 of 200 held-out tasks solved, greedy), 12 RL steps solved 10 with
     # seed 0 and 3 with seed 1; with corrections (seed 0), 9. RL's seed moves the result more than
     # corrections do, so they stay off until measured over several seeds.
     c.rl.expert_corrections = False
     # Recoveries: each unsolved episode whose first step off the expert's path failed (a malformed call, a
     # search that found nothing) also gets the expert's turn after that step's results, as one more member
-    # (composer/pipeline/rl.py:recovery_sequence; reward 1, off-policy). 125 of the two-family SFT model's
-    # 200 held-out greedy episodes meet such a step and 40 of those are solved. With recoveries (8-11 a
-    # step), 4 steps at 1e-4 solved 117 / 113 (seeds 0 / 1), at 3e-4 109, at 1e-3 none (the policy broke);
-    # held-out episodes met as many failed steps and solved as few after one (42): a few dozen examples do
-    # not teach recovery at these rates. Off.
+    # (composer/pipeline/expert_members.py:recovery_sequence; reward 1, off-policy). 125 of the two-family
+    # SFT model's 200 held-out greedy episodes meet such a step and 40 of those are solved. With recoveries
+    # (8-11 a step), 4 steps at 1e-4 solved 117 / 113 (seeds 0 / 1), at 3e-4 109, at 1e-3 none (the policy
+    # broke); held-out episodes met as many failed steps and solved as few after one (42): a few dozen
+    # examples do not teach recovery at these rates. Off.
     c.rl.expert_recoveries = False
     # Shaping: an unsolved episode's reward is this x its patch similarity to the gold patch (env/reward.py:
     # patch_similarity; composer/pipeline/rl.py:shaped_reward), so failed groups still rank their edits

@@ -8,7 +8,7 @@ import pytest
 
 from composer import chat
 from composer.pipeline import data as data_lib
-from composer.pipeline import rl, rollouts
+from composer.pipeline import expert_members, rl, rollouts
 from experiments import composer as experiment
 
 
@@ -250,7 +250,7 @@ def test_the_expert_guide_trains_only_its_turns_after_the_prefix():
     messages = _conversation(edit=True)
     prefix = rollouts.before_first_edit(messages)
     tok = _tokenizer(messages)
-    guide = rl.guide_sequence(messages, prefix, tok)
+    guide = expert_members.guide_sequence(messages, prefix, tok)
     ids, mask = render(messages, tok)
     np.testing.assert_array_equal(guide["tokens"], ids)
     # The policy's episodes from that start see exactly these tokens first.
@@ -281,7 +281,7 @@ def test_a_guide_from_the_report_trains_every_expert_turn():
 
     messages = _conversation(edit=True)
     tok = _tokenizer(messages)
-    guide = rl.guide_sequence(messages, None, tok)
+    guide = expert_members.guide_sequence(messages, None, tok)
     np.testing.assert_array_equal(guide["loss_mask"], render(messages, tok)[1])
 
 
@@ -339,28 +339,28 @@ def test_a_correction_puts_the_expert_edit_where_the_episode_saw_the_code():
     expert, episode = _expert_and_episode()
     tok = _tokenizer(expert + episode)
     # The first turn after the read that showed `return a - b` (not after the grep that missed it).
-    assert rl.correction_prefix(episode, expert[6]) == episode[:8]
-    seq = rl.correction_sequence(episode, expert, tok, max_len=4096)
+    assert expert_members.correction_prefix(episode, expert[6]) == episode[:8]
+    seq = expert_members.correction_sequence(episode, expert, tok, max_len=4096)
     n = _assert_trains_the_turn_alone(seq, episode[:8], expert[6], tok)
     # Too long for the learner: none.
-    assert rl.correction_sequence(episode, expert, tok, max_len=n - 1) is None
+    assert expert_members.correction_sequence(episode, expert, tok, max_len=n - 1) is None
 
 
 def test_no_correction_without_the_code_shown_or_after_a_change_to_the_workspace():
     expert, episode = _expert_and_episode()
     tok = _tokenizer(expert + episode)
     # The episode never read the buggy line.
-    assert rl.correction_sequence(episode[:6] + episode[-1:], expert, tok, 4096) is None
+    assert expert_members.correction_sequence(episode[:6] + episode[-1:], expert, tok, 4096) is None
     # The code only in the test run's output (a traceback), not in a read: not yet where the expert edits.
     shown_by_tests = [*episode[:3], chat.Message("tool", "pkg/mod.py:2: return a - b"), episode[-1]]
-    assert rl.correction_prefix(shown_by_tests, expert[6]) is None
+    assert expert_members.correction_prefix(shown_by_tests, expert[6]) is None
     # A terminal command other than the tests may have changed the files.
     sed = chat.ToolCall("run_terminal_cmd", {"command": "sed -i s/-/+/ pkg/mod.py"})
     changed = [*episode[:2], chat.Message("assistant", "Patching.", [sed]), *episode[3:]]
-    assert rl.correction_prefix(changed, expert[6]) is None
+    assert expert_members.correction_prefix(changed, expert[6]) is None
     # The episode's own turn there already is the expert's edit: nothing to add.
     same = [*episode[:8], expert[6], *episode[9:]]
-    assert rl.correction_sequence(same, expert, tok, 4096) is None
+    assert expert_members.correction_sequence(same, expert, tok, 4096) is None
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "drgrpo", "rloo"])
@@ -385,21 +385,21 @@ def test_a_group_gets_each_correction_once_and_none_the_guide_holds():
     tok = _tokenizer(expert + episode)
     # Two unsolved episodes at the same state, one solved: one correction.
     group = [_result(episode), _result(episode), _result(episode, reward=1.0)]
-    fixes = rl.group_corrections(group, expert, [], tok, 4096)
+    fixes = expert_members.group_corrections(group, expert, [], tok, 4096)
     assert len(fixes) == 1
     np.testing.assert_array_equal(
-        fixes[0]["tokens"], rl.correction_sequence(episode, expert, tok, 4096)["tokens"]
+        fixes[0]["tokens"], expert_members.correction_sequence(episode, expert, tok, 4096)["tokens"]
     )
     # An episode that failed from the expert's reads: its correction is the start of the guide's sequence.
     from_start = [
         *expert[:6],
         chat.Message("assistant", "Fixing.", [chat.ToolCall("grep", {"pattern": "x"})]),
     ]
-    guide = rl.guide_sequence(expert, rollouts.before_first_edit(expert), tok)
-    assert rl.group_corrections([_result(from_start)], expert, [], tok, 4096)
-    assert rl.group_corrections([_result(from_start)], expert, [guide], tok, 4096) == []
+    guide = expert_members.guide_sequence(expert, rollouts.before_first_edit(expert), tok)
+    assert expert_members.group_corrections([_result(from_start)], expert, [], tok, 4096)
+    assert expert_members.group_corrections([_result(from_start)], expert, [guide], tok, 4096) == []
     # No expert trajectory for the task: none.
-    assert rl.group_corrections(group, None, [], tok, 4096) == []
+    assert expert_members.group_corrections(group, None, [], tok, 4096) == []
 
 
 def _failed_grep_episode():
@@ -423,22 +423,22 @@ def test_a_recovery_puts_the_expert_turn_after_the_first_failed_step():
     expert, episode = _failed_grep_episode()
     tok = _tokenizer(expert + episode)
     # After the malformed search and its error, the expert's search (not after the second broken call).
-    assert rl.recovery_prefix(episode, expert) == (episode[:6], expert[4])
-    seq = rl.recovery_sequence(episode, expert, tok, max_len=4096)
+    assert expert_members.recovery_prefix(episode, expert) == (episode[:6], expert[4])
+    seq = expert_members.recovery_sequence(episode, expert, tok, max_len=4096)
     n = _assert_trains_the_turn_alone(seq, episode[:6], expert[4], tok)
-    assert rl.recovery_sequence(episode, expert, tok, max_len=n - 1) is None
+    assert expert_members.recovery_sequence(episode, expert, tok, max_len=n - 1) is None
     # A well-formed search for the wrong name, which found nothing, is a failed step too.
     missed = chat.Message("assistant", "Let me find it.", [chat.ToolCall("grep", {"pattern": "def totl"})])
     empty = [*expert[:4], missed, chat.Message("tool", "No matches found"), expert[-1]]
-    assert rl.recovery_prefix(empty, expert) == (empty[:6], expert[4])
+    assert expert_members.recovery_prefix(empty, expert) == (empty[:6], expert[4])
 
 
 def test_no_recovery_on_the_expert_path_off_it_without_a_failure_or_after_a_change():
     expert, other_path = _expert_and_episode()
     # Every turn the expert's: nothing to recover from.
-    assert rl.recovery_prefix(expert, expert) is None
+    assert expert_members.recovery_prefix(expert, expert) is None
     # A different search that found something: another path, not a mistake (its no-op edit comes later).
-    assert rl.recovery_prefix(other_path, expert) is None
+    assert expert_members.recovery_prefix(other_path, expert) is None
     # A failed search beside an edit that applied: the expert's next turn may not hold for the files.
     edit = chat.ToolCall("search_replace", {"file_path": "pkg/mod.py", "old_string": "a", "new_string": "b"})
     miss = chat.ToolCall("grep", {"pattern": "def totl"})
@@ -448,7 +448,7 @@ def test_no_recovery_on_the_expert_path_off_it_without_a_failure_or_after_a_chan
         chat.Message("tool", "The file pkg/mod.py has been updated."),
         chat.Message("tool", "No matches found"),
     ]
-    assert rl.recovery_prefix(changed, expert) is None
+    assert expert_members.recovery_prefix(changed, expert) is None
     # The same in a turn kept as raw text (one of its calls malformed): the edit still ran.
     raw = (
         chat.assistant_body(chat.Message("assistant", "Trying.", [edit]))
@@ -460,17 +460,17 @@ def test_no_recovery_on_the_expert_path_off_it_without_a_failure_or_after_a_chan
         chat.Message("tool", "The file pkg/mod.py has been updated."),
         chat.Message("tool", "Error: malformed tool call: invalid JSON"),
     ]
-    assert rl.recovery_prefix(changed_raw, expert) is None
+    assert expert_members.recovery_prefix(changed_raw, expert) is None
     # An edit that could not apply changed nothing: the expert's search still holds after it.
     refused = [*changed_raw[:5], chat.Message("tool", "Error: old_string not found"), changed_raw[6]]
-    assert rl.recovery_prefix(refused, expert) == (refused, expert[4])
+    assert expert_members.recovery_prefix(refused, expert) == (refused, expert[4])
     # Past the expert's last call (its final answer): nothing to show.
     after = [
         *expert[:-1],
         chat.Message("assistant", "More.", [miss]),
         chat.Message("tool", "No matches found"),
     ]
-    assert rl.recovery_prefix(after, expert) is None
+    assert expert_members.recovery_prefix(after, expert) is None
 
 
 def test_a_group_gets_each_recovery_once_beside_its_edit_corrections():
@@ -478,15 +478,23 @@ def test_a_group_gets_each_recovery_once_beside_its_edit_corrections():
     _, failed = _failed_grep_episode()
     tok = _tokenizer(expert + episode + failed)
     group = [_result(failed), _result(failed), _result(episode), _result(failed, reward=1.0)]
-    recoveries = rl.group_corrections(group, expert, [], tok, 4096, rl.recovery_sequence)
+    recoveries = expert_members.group_corrections(
+        group, expert, [], tok, 4096, expert_members.recovery_sequence
+    )
     assert len(recoveries) == 1
     np.testing.assert_array_equal(
-        recoveries[0]["tokens"], rl.recovery_sequence(failed, expert, tok, 4096)["tokens"]
+        recoveries[0]["tokens"], expert_members.recovery_sequence(failed, expert, tok, 4096)["tokens"]
     )
     # The other-path episode gets an edit correction, the failed one none (it never read the code).
-    edits = rl.group_corrections(group, expert, recoveries, tok, 4096)
+    edits = expert_members.group_corrections(group, expert, recoveries, tok, 4096)
     np.testing.assert_array_equal(
-        [e["tokens"] for e in edits], [rl.correction_sequence(episode, expert, tok, 4096)["tokens"]]
+        [e["tokens"] for e in edits],
+        [expert_members.correction_sequence(episode, expert, tok, 4096)["tokens"]],
     )
     # One already among the members is not added again.
-    assert rl.group_corrections(group, expert, recoveries, tok, 4096, rl.recovery_sequence) == []
+    assert (
+        expert_members.group_corrections(
+            group, expert, recoveries, tok, 4096, expert_members.recovery_sequence
+        )
+        == []
+    )
