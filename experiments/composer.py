@@ -226,14 +226,20 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.rl.error_turn_penalty = 0.0
     # With the penalty, also the turns with a search that found nothing (composer/pipeline/rl.py:
     # penalised_spans): the two-family model's most common held-out failure is a second-turn grep for a
-    # mis-copied name (49 of 200 greedy episodes), no error result, so not penalised without this.
+    # mis-copied name (40-49 of 200 greedy episodes), no error result, so not penalised without this.
+    # With error_turn_penalty 0.5, from the two-family SFT model (116 of 200): 118 / 109 (seeds 0 / 1),
+    # the held-out first search finding nothing as often as before (44 / 43). Off.
     c.rl.penalize_empty_searches = False
     # Search turns: each step, this many train tasks' first search turn (the second turn) is sampled
     # search_turn_samples times from the expert's state before it, run on a copy of the repository and
     # scored by the share of the expert's matches it shows; each task's samples join the batch as one
     # more group (composer/pipeline/search_turns.py; 0: off). That turn is where most held-out episodes
     # of the two-family model fail (a grep for a mis-copied name), and its samples are right about 60%
-    # of the time, so nearly every such group carries signal.
+    # of the time, so most such groups carry signal (6-17 of 16-32 a step, against 1-3 of 4 episode
+    # groups). From the two-family SFT model (116 of 200 held-out, greedy): 16 tasks at 1e-4 solved
+    # 112 / 109 (seeds 0 / 1), the first search from the expert's state right as often as before (57%
+    # held-out, greedy); 32 tasks at 3e-4, 108 / 119, malformed first searches down from ~26 to 6-19
+    # but more that find nothing. Churn without a direction, as for every other variant. Off.
     c.rl.search_turn_tasks = 0
     c.rl.search_turn_samples = 4
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
