@@ -115,7 +115,7 @@ def _error(result: chat.Message) -> bool:
     return result.content.startswith("Error:")
 
 
-def _failed(result: chat.Message) -> bool:
+def failed(result: chat.Message) -> bool:
     """A tool result that did nothing useful: an error, or a search that found nothing."""
     return _error(result) or result.content.startswith("No matches found")
 
@@ -124,7 +124,7 @@ def recovery_prefix(messages: list, expert: list) -> tuple[list, chat.Message] |
     """Where an episode first left the expert's path with a turn that failed, and the expert's turn there.
 
     Walks the episode's turns beside the expert's: while they make the same calls the two conversations
-    are the same. The first turn that differs, when any of its results failed (`_failed`) and none of its
+    are the same. The first turn that differs, when any of its results failed (`failed`) and none of its
     calls that ran could have changed the workspace (a read, the test command, or a call whose result was an
     error), left the workspace as the expert had it: the expert's next turn still applies there, after the
     failed turn and its results. Returns (the messages up to and including those results, the expert's
@@ -136,7 +136,7 @@ def recovery_prefix(messages: list, expert: list) -> tuple[list, chat.Message] |
             return None  # past the expert's last call: nothing left to show
         if turn.tool_calls and turn.tool_calls == theirs[k][0].tool_calls:
             continue
-        if not results or not any(_failed(r) for r in results):
+        if not results or not any(failed(r) for r in results):
             return None
         calls = chat.parse_assistant(chat.assistant_body(turn)).calls
         for call, result in zip(calls, results, strict=False):

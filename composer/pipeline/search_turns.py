@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from composer import chat
+from composer.pipeline.expert_members import failed
 from composer.rl import advantages as adv_lib
 from composer.tokenizer import render_prompt
 from env.rollout.episode import READ_TOOLS
@@ -52,8 +53,10 @@ def search_state(task_id: str, messages: list[chat.Message], repo: Path) -> Sear
         results = messages[i + 1 : i + 1 + len(m.tool_calls)]
         if len(results) != len(m.tool_calls) or any(r.role != "tool" for r in results):
             return None
+        if any(failed(r) for r in results):
+            return None
         targets = tuple(r.content.splitlines()[0] for r in results if r.content.strip())
-        if not targets or any(t.startswith(("Error:", "No matches found")) for t in targets):
+        if not targets:
             return None
         return SearchState(task_id, list(messages[:i]), repo, targets)
     return None
