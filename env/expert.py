@@ -146,10 +146,9 @@ class _Expert:
         # and how long it is) are numbers a model would have to guess. Over the whole workspace: only the
         # definition matches anyway, and the call then names nothing the report does not.
         entry = chain[0]
-        shown = _display(entry["function"])
         test_name = shown_test.split(".")[-1]
         self.turn(
-            SAY["search"].format(f=shown, t=test_name),
+            SAY["search"].format(f=_searched_name(entry["function"]), t=test_name),
             [
                 self._grep_definition(entry),
                 self._grep_code(shown_file, shown_test, rf"def {test_name}\(", TEST_CONTEXT),
@@ -160,7 +159,9 @@ class _Expert:
         previous = entry
         for step in chain[1:]:
             self.turn(
-                SAY["trace"].format(p=_display(previous["function"]), n=_display(step["function"])),
+                SAY["trace"].format(
+                    p=_searched_name(previous["function"]), n=_searched_name(step["function"])
+                ),
                 [self._grep_definition(step)],
             )
             previous = step
@@ -211,10 +212,26 @@ def _display(qualname: str) -> str:
     return qualname.removesuffix(".__init__")
 
 
-def _definition_pattern(qualname: str) -> str:
+def _searched_name(qualname: str) -> str:
+    """The name a definition's grep pattern holds: the class of a constructor, else the function's own name
+    (a method without its class)."""
     if qualname.endswith(".__init__"):
-        return rf"class {qualname.split('.')[0]}\b"
-    return rf"def {qualname.split('.')[-1]}\("
+        return qualname.split(".")[0]
+    return qualname.split(".")[-1]
+
+
+def _definition_pattern(qualname: str) -> str:
+    r"""The grep pattern of a definition's first line. A method's name follows `def` as `\s+name`, not
+    ` name`: the tokenizer merges a space into the word after it, and a method's name reaches the
+    conversation only after a dot (`acct.debit(`), never after a space, so ` debit` would be a token the
+    model cannot copy from anything it has read. A function's or class's name follows a space in the report
+    (`import chunked`, `= chunked(`), as in `def chunked`."""
+    name = _searched_name(qualname)
+    if qualname.endswith(".__init__"):
+        return rf"class {name}\b"
+    if "." in qualname:
+        return rf"def\s+{name}\("
+    return rf"def {name}\("
 
 
 def _span(path: Path, qualname: str) -> tuple[int, int]:

@@ -43,6 +43,13 @@ def test_trajectory_shape(tmp_path):
     assert turns[0].tool_calls[0].arguments == {"command": TEST_COMMAND, "is_background": False}
     assert names[1] == ["grep", "grep"]  # the definition and the failing test, in parallel
     assert all(c.arguments["-A"] >= 6 for c in turns[1].tool_calls)
+    # Each grep's name is written in its turn's text as the pattern holds it (a method without its class),
+    # so that the call copies it from the line just before.
+    greps = [(m.content, c.arguments["pattern"]) for m in turns for c in m.tool_calls if c.name == "grep"]
+    assert len(greps) >= 3 and any("." in step["function"] for step in task.metadata["bug"]["chain"])
+    for text, pattern in greps:
+        name = re.fullmatch(r"(?:def|class)(?: |\\s\+)(\w+)(?:\\\(|\\b)", pattern).group(1)
+        assert f"`{name}`" in text, (text, pattern)
     edit_turn = next(i for i, n in enumerate(names) if "search_replace" in n)
     assert any("grep" in n or "read_file" in n for n in names[:edit_turn])
     # The edit replaces text that a grep earlier in the conversation showed.
