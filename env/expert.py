@@ -221,16 +221,19 @@ def _searched_name(qualname: str) -> str:
 
 
 def _definition_pattern(qualname: str) -> str:
-    r"""The grep pattern of a definition's first line. A method's name follows `def` as `\s+name`, not
-    ` name`: the tokenizer merges a space into the word after it, and a method's name reaches the
-    conversation only after a dot (`acct.debit(`), never after a space, so ` debit` would be a token the
-    model cannot copy from anything it has read. A function's or class's name follows a space in the report
-    (`import chunked`, `= chunked(`), as in `def chunked`."""
+    r"""The grep pattern of a definition's first line. A method's is `def.name\(`, the dot matching the
+    space: the tokenizer merges a space into the word after it, and a method's name reaches the conversation
+    only after a dot (`acct.debit(`), never after a space, so `def debit` would hold a token (` debit`) the
+    model cannot copy from anything it has read, while `.debit` is the report's own pair of tokens. A
+    function's or class's name follows a space in the report (`import chunked`, `= chunked(`), as in
+    `def chunked`. Measured on 81 held-out method tasks (SFT model, greedy): the right method found by 22
+    with `def debit\(`, 48 with `def\s+debit\(` (its single-character tokens were where it went wrong),
+    79 with `def.debit\(`."""
     name = _searched_name(qualname)
     if qualname.endswith(".__init__"):
         return rf"class {name}\b"
     if "." in qualname:
-        return rf"def\s+{name}\("
+        return rf"def.{name}\("
     return rf"def {name}\("
 
 

@@ -48,7 +48,7 @@ def test_trajectory_shape(tmp_path):
     greps = [(m.content, c.arguments["pattern"]) for m in turns for c in m.tool_calls if c.name == "grep"]
     assert len(greps) >= 3 and any("." in step["function"] for step in task.metadata["bug"]["chain"])
     for text, pattern in greps:
-        name = re.fullmatch(r"(?:def|class)(?: |\\s\+)(\w+)(?:\\\(|\\b)", pattern).group(1)
+        name = re.fullmatch(r"(?:def|class)[ .](\w+)(?:\\\(|\\b)", pattern).group(1)
         assert f"`{name}`" in text, (text, pattern)
     edit_turn = next(i for i, n in enumerate(names) if "search_replace" in n)
     assert any("grep" in n or "read_file" in n for n in names[:edit_turn])
