@@ -57,7 +57,17 @@ def task_suite(config: ml_collections.ConfigDict, workdir: Path, split: str) -> 
     logging.info(
         "DATA: generating %d %s tasks%s (difficulty %d) in %s", count, split, which, env.difficulty, out
     )
-    suite = env_tasks.generate_suite(out, count, config.seed, env.difficulty, split, families=families)
+    with tqdm(total=count, desc=f"DATA: {split} tasks", unit="task") as bar:
+        suite = env_tasks.generate_suite(
+            out,
+            count,
+            config.seed,
+            env.difficulty,
+            split,
+            progress=lambda *_: bar.update(),
+            families=families,
+            workers=env.n_workers,
+        )
     done.write_text(json.dumps({"count": len(suite), "seconds": round(time.time() - t0, 1)}))
     return suite
 

@@ -11,6 +11,7 @@ from env.tasks.generator import (
     generate_task,
     split_of,
     split_seed,
+    suite_seeds,
     verify,
 )
 from env.tasks.task import Task, TaskError, load_suite, load_task, save_task
@@ -30,5 +31,6 @@ __all__ = [
     "save_task",
     "split_of",
     "split_seed",
+    "suite_seeds",
     "verify",
 ]

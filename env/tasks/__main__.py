@@ -1,7 +1,7 @@
 """Command line for task suites (stable: other tools script it).
 
     python -m env.tasks generate --out DIR --count N --seed S [--difficulty D] [--split train|heldout]
-                                 [--families F1,F2]
+                                 [--families F1,F2] [--workers W]
         writes DIR/<instance_id>/ for the seeds split_seed(split, S + i), i < N (with --families: the first
         N of those seeds whose bug family is listed), one progress line each, then a summary line.
     python -m env.tasks grade --task DIR/ID --workspace WS
@@ -38,7 +38,14 @@ def _generate(args: argparse.Namespace) -> int:
 
     families = parse_families(args.families)
     tasks = generate_suite(
-        Path(args.out), args.count, args.seed, args.difficulty, args.split, progress, families=families
+        Path(args.out),
+        args.count,
+        args.seed,
+        args.difficulty,
+        args.split,
+        progress,
+        families=families,
+        workers=args.workers,
     )
     elapsed = time.perf_counter() - t0
     per = elapsed / max(len(tasks), 1)
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--difficulty", type=int, default=1, choices=range(1, 6), help="1 (default) .. 5")
     p.add_argument("--split", default="train", choices=sorted(SPLITS), help="seed range (default train)")
     p.add_argument("--families", default="", help="comma-separated bug families (default: all)")
+    p.add_argument("--workers", type=int, default=1, help="processes generating tasks (default 1)")
     p.set_defaults(run=_generate)
     p = commands.add_parser("grade", help="grade a workspace against a task; prints one JSON object")
     p.add_argument("--task", required=True, help="the task directory (holding task.json and repo/)")
