@@ -17,7 +17,8 @@ def evaluate(
     config: ml_collections.ConfigDict, params, cfg, tokenizer, tasks: list, *, out: Path | None = None,
     expert: list | None = None,
 ) -> dict:  # fmt: skip
-    """Runs one episode per task (config.eval.n_tasks of them) and returns episode_stats plus tokens/s.
+    """Runs one episode per task (config.eval.n_tasks of them) and returns episode_stats plus tokens/s,
+    and each task's reward by task id under 'rewards'.
 
     With `expert` (expert trajectories on held-out tasks), the stats also hold the next-call accuracy from
     their prefixes (composer/pipeline/next_call.py), at the same temperature. With `out`, the result is
@@ -42,6 +43,8 @@ def evaluate(
             bar.update(len(group))
             bar.set_postfix(solved=sum(r.reward or 0 for r in results))
     stats = rollouts.episode_stats(results)
+    # Each task's reward (None: not graded), so that two models can be compared task by task.
+    stats["rewards"] = {r.task_id: r.reward for r in results}
     s = sampler.stats()
     stats.update({k: s[k] for k in ("tokens_per_s", "occupancy", "prefill_share")}, wall_s=time.time() - t0)
     if expert:
@@ -52,7 +55,7 @@ def evaluate(
                 max_prompt_tokens=env.max_episode_tokens, max_new_tokens=max_new,
             )
         )  # fmt: skip
-    logging.info("EVAL: %s", json.dumps(stats))
+    logging.info("EVAL: %s", json.dumps({k: v for k, v in stats.items() if k != "rewards"}))
     if out is not None:
         out.write_text(json.dumps(stats, indent=1))
     return stats

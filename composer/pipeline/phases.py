@@ -1,6 +1,7 @@
 """The modes of launch.py that run the main job: the whole pipeline, or one phase of it."""
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -31,6 +32,27 @@ SUMMARY_ROWS = (
 )
 
 
+def sign_test(a: int, b: int) -> float:
+    """Two-sided exact sign test (McNemar's exact test) of `a` against `b` discordant pairs: the chance of a
+    split at least this uneven when each pair is a fair coin."""
+    n = a + b
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(a, b) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def flips(before: dict, after: dict) -> tuple[int, int, int] | None:
+    """(tasks both models were scored on, tasks solved by `before` only, by `after` only), from the two
+    evaluations' per-task rewards; None when either lacks them (written before they were recorded)."""
+    if "rewards" not in before or "rewards" not in after:
+        return None
+    common = before["rewards"].keys() & after["rewards"].keys()
+    solved_before = {t for t in common if before["rewards"][t] == 1.0}
+    solved_after = {t for t in common if after["rewards"][t] == 1.0}
+    return len(common), len(solved_before - solved_after), len(solved_after - solved_before)
+
+
 def summary_table(before: dict, after: dict) -> str:
     lines = [f"{'':32} {'SFT':>10} {'SFT+RL':>10}"]
     for title, key, fmt in SUMMARY_ROWS:
@@ -38,6 +60,13 @@ def summary_table(before: dict, after: dict) -> str:
             continue
         lines.append(f"{title:32} {fmt.format(before[key]):>10} {fmt.format(after[key]):>10}")
     lines.append(f"{'held-out episodes':32} {before['episodes']:>10} {after['episodes']:>10}")
+    flipped = flips(before, after)
+    if flipped is not None:
+        # The solve rates' difference is the difference of these two counts; whether it is more than noise
+        # depends on them alone, hence the test.
+        n, lost, gained = flipped
+        lines.append(f"{'  solved by this model only':32} {lost:>10} {gained:>10}")
+        lines.append(f"{'  sign test, p (two-sided)':32} {sign_test(lost, gained):>21.3f}")
     turns = sorted(int(k.removeprefix(TURN_KEY)) for k in before if k.startswith(TURN_KEY))
     for title, d in (("SFT", before), ("SFT+RL", after)) if turns else ():
         cells = (f"{t}:{d[TURN_KEY + str(t)]:.0%}" if TURN_KEY + str(t) in d else f"{t}:-" for t in turns)

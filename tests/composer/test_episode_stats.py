@@ -46,3 +46,27 @@ def test_no_edit_reads_as_none_edited_not_as_edits_without_search():
     # An eval written before these keys existed still renders (its rows are left out).
     old = {k: v for k, v in stats.items() if not k.startswith("truncated_t") and k != "edited_share"}
     assert "by the turn limit" not in phases.summary_table(old, old)
+
+
+def test_summary_counts_tasks_each_model_alone_solved():
+    """The summary names the tasks one model solved and the other did not, over the tasks both were scored
+    on, with the exact sign test of those two counts."""
+    before = {"episodes": 4, "rewards": {"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0, "x": 1.0}}
+    after = {"episodes": 4, "rewards": {"a": 0.0, "b": 1.0, "c": 1.0, "d": 1.0, "y": 0.0}}
+    assert phases.flips(before, after) == (4, 1, 2)
+    table = phases.summary_table(before, after)
+    row = next(line for line in table.splitlines() if "solved by this model only" in line)
+    assert row.split()[-2:] == ["1", "2"]
+    assert "sign test" in table
+    # Evaluations written before per-task rewards were recorded: no such rows.
+    assert phases.flips({"episodes": 4}, after) is None
+    assert "solved by this model only" not in phases.summary_table({"episodes": 4}, {"episodes": 4})
+
+
+def test_sign_test_against_the_binomial():
+    # 1 against 15: 2 * (1 + 16) / 2**16.
+    assert abs(phases.sign_test(1, 15) - 2 * 17 / 2**16) < 1e-12
+    assert abs(phases.sign_test(15, 1) - phases.sign_test(1, 15)) < 1e-12
+    assert phases.sign_test(0, 0) == 1.0
+    assert phases.sign_test(3, 3) == 1.0  # capped: both tails together exceed 1
+    assert abs(phases.sign_test(0, 5) - 2 / 32) < 1e-12
