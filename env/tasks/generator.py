@@ -27,6 +27,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import json
 import multiprocessing
 import random
@@ -529,7 +530,7 @@ def suite_seeds(count: int, seed: int, split: str = "train", families: Sequence[
     return seeds
 
 
-def _generate_timed(task_seed: int, difficulty: int, out: Path, split: str) -> tuple[Task, float]:
+def _generate_timed(task_seed: int, *, difficulty: int, out: Path, split: str) -> tuple[Task, float]:
     t0 = time.perf_counter()
     task = generate_task(task_seed, difficulty, out, split)
     return task, time.perf_counter() - t0
@@ -552,7 +553,7 @@ def generate_suite(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = suite_seeds(count, seed, split, families)
-    args = (seeds, [difficulty] * len(seeds), [out] * len(seeds), [split] * len(seeds))
+    one = functools.partial(_generate_timed, difficulty=difficulty, out=out, split=split)
     tasks = []
     with contextlib.ExitStack() as stack:
         if workers > 1 and len(seeds) > 1:
@@ -561,9 +562,9 @@ def generate_suite(
             pool = stack.enter_context(
                 concurrent.futures.ProcessPoolExecutor(min(workers, len(seeds)), mp_context=ctx)
             )
-            results = pool.map(_generate_timed, *args)
+            results = pool.map(one, seeds)
         else:
-            results = map(_generate_timed, *args)
+            results = map(one, seeds)
         for task, seconds in results:
             tasks.append(task)
             if progress is not None:
