@@ -64,7 +64,7 @@ def summary_table(before: dict, after: dict) -> str:
     if flipped is not None:
         # The solve rates' difference is the difference of these two counts; whether it is more than noise
         # depends on them alone, hence the test.
-        n, lost, gained = flipped
+        _, lost, gained = flipped
         lines.append(f"{'  solved by this model only':32} {lost:>10} {gained:>10}")
         lines.append(f"{'  sign test, p (two-sided)':32} {sign_test(lost, gained):>21.3f}")
     turns = sorted(int(k.removeprefix(TURN_KEY)) for k in before if k.startswith(TURN_KEY))
