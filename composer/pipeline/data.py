@@ -44,7 +44,8 @@ def task_families(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 def task_suite(config: ml_collections.ConfigDict, workdir: Path, split: str) -> list:
     """The `split` ('train' or 'heldout') suite: env.n_train_tasks or env.n_heldout_tasks tasks of
-    env.families, generated once into workdir/tasks/<split> (a DONE marker once complete) and loaded after."""
+    env.families, generated once into workdir/tasks/<split> (a DONE marker once complete) and loaded after;
+    in directory-name order either way."""
     out = workdir / "tasks" / split
     done = out / "DONE"
     if done.exists():
@@ -69,7 +70,9 @@ def task_suite(config: ml_collections.ConfigDict, workdir: Path, split: str) -> 
             workers=env.n_workers,
         )
     done.write_text(json.dumps({"count": len(suite), "seconds": round(time.time() - t0, 1)}))
-    return suite
+    # In the order load_suite gives a rerun (directory names), not the generator's seed order: RL's task
+    # stream and EVAL's first eval.n_tasks index this list, and a resumed run must see the same one.
+    return sorted(suite, key=lambda t: t.path.name)
 
 
 def _solve(task_dir: str) -> tuple[str, str, float, list[dict]]:

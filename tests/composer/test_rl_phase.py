@@ -498,3 +498,13 @@ def test_a_group_gets_each_recovery_once_beside_its_edit_corrections():
         )
         == []
     )
+
+
+def test_a_generated_suite_comes_in_the_order_a_rerun_loads_it(tmp_path):
+    # RL's task stream and the screen index the train list: a resumed run, which loads the suite from the
+    # workdir, must see the tasks in the order the first run generated them.
+    config = experiment.get_config("tiny")
+    config.env.n_train_tasks = 12
+    fresh = [t.instance_id for t in data_lib.task_suite(config, tmp_path, "train")]
+    loaded = [t.instance_id for t in data_lib.task_suite(config, tmp_path, "train")]
+    assert loaded == fresh and len(fresh) == 12
