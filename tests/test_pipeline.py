@@ -46,6 +46,10 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
     proc.wait()
     steps_before = [r["step"] for r in read_metrics(workdir, "rl")]
     assert steps_before, "RL logged nothing before the kill"
+    # The screen before RL ran on the tiny config's 4 train tasks and is kept for the resumed run.
+    screened = json.loads((workdir / "rl_screen.json").read_text())
+    assert len(screened["tasks"]) == 4 and screened["rewards"].keys() == set(screened["tasks"])
+    assert "SCREEN: the starting model failed" in log.read_text()
 
     # Rerun with the same workdir: DATA and SFT are skipped, RL resumes after its last checkpoint.
     log = tmp_path / "second.log"
@@ -55,6 +59,7 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
     assert proc.returncode == 0, out[-5000:]
     assert "SFT: complete" in out, out[-5000:]
     assert "RL: resuming at step" in out, out[-5000:]
+    assert "SCREEN: the starting model failed" not in out  # read back, not screened again
     steps_after = [r["step"] for r in read_metrics(workdir, "rl")][len(steps_before) :]
     assert steps_after and steps_after[0] <= steps_before[-1] + 1 and steps_after[-1] == 4
     assert all(0.0 <= r["search_reward"] <= 1.0 for r in read_metrics(workdir, "rl"))

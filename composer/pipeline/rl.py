@@ -1,5 +1,10 @@
 """RL: GRPO-family updates on groups of rollouts, with dynamic sampling and bounded staleness.
 
+Before the loop, with `rl.screen_tasks` > 0:
+  SCREEN      one greedy episode of the starting model on each of that many train tasks; the loop draws
+              its tasks from those it failed (`screened_tasks`, composer/pipeline/screen.py), as groups
+              of tasks the model already solves carry no signal.
+
 One iteration of the loop, phases as named below:
   ROLLOUT     groups of `rl.group_size` episodes per task stream out of the continuous-batching driver
               (env.rollout.iter_groups) as soon as each group is complete; on a seeded
@@ -52,7 +57,7 @@ from composer import sharding, train
 from composer.checkpoint import Checkpointer, finish_saves_on_sigterm
 from composer.metrics import MetricsWriter
 from composer.pipeline import learner as learner_lib
-from composer.pipeline import rollouts, search_turns
+from composer.pipeline import rollouts, screen, search_turns
 from composer.pipeline.evaluate import evaluate
 from composer.pipeline.expert_members import (
     correction_sequence,
@@ -97,6 +102,27 @@ def expert_starts(config: ml_collections.ConfigDict, data) -> dict[str, list]:
         if u < share and prefix is not None:
             out[instance_id] = prefix
     return out
+
+
+def screened_tasks(config, workdir: Path, data, params, cfg, tokenizer, starts: dict) -> list:
+    """The train tasks RL draws from: all of them, or with `rl.screen_tasks` > 0 those of a seeded sample
+    of that many that the starting model failed (composer/pipeline/screen.py); all of them again, with a
+    warning, when it failed none."""
+    n = config.rl.screen_tasks
+    if n < 0:
+        raise ValueError(f"rl.screen_tasks must be >= 0, got {n}")
+    if n == 0:
+        return data.train_tasks
+    sample = _task_stream(data.train_tasks, config.seed + 1, 0, min(n, len(data.train_tasks)))
+    rewards = screen.screen(
+        config, workdir, params, cfg, tokenizer, sample, rollouts.prompt_fn(config, starts)
+    )
+    failed = screen.failed_tasks(sample, rewards)
+    if not failed:
+        logging.warning("RL: the starting model solved all %d screened tasks: RL draws from all", n)
+        return data.train_tasks
+    logging.info("RL: drawing from the %d of %d screened train tasks the model failed", len(failed), n)
+    return failed
 
 
 def shaped_reward(result, similarity_reward: float) -> float:
@@ -313,6 +339,12 @@ def run(
         return learner.params
     finish_saves_on_sigterm(ckpt)
 
+    starts = expert_starts(config, data)
+    if starts:
+        logging.info(
+            "RL: %d of %d train tasks start from the expert's reads", len(starts), len(data.train_tasks)
+        )
+    train_tasks = screened_tasks(config, workdir, data, sft_params, sampler_cfg, tokenizer, starts)
     key = jax.random.fold_in(jax.random.key(config.seed), 1 + meta["step"])
     make_sampler = functools.partial(
         rollouts.make_sampler,
@@ -328,12 +360,7 @@ def run(
     start = meta["stream_position"]
     per_step = rl.tasks_per_step * (1 + rl.dynamic_sampling_budget if rl.dynamic_sampling else 1)
     n_groups = (rl.steps - meta["step"]) * per_step * _STREAM_SLACK
-    stream = _task_stream(data.train_tasks, config.seed, start, n_groups)
-    starts = expert_starts(config, data)
-    if starts:
-        logging.info(
-            "RL: %d of %d train tasks start from the expert's reads", len(starts), len(data.train_tasks)
-        )
+    stream = _task_stream(train_tasks, config.seed, start, n_groups)
 
     @functools.cache
     def guide(task_id: str) -> dict | None:

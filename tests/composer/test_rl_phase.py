@@ -1,6 +1,7 @@
 """The RL phase: skipping updates that carry no policy signal, and episodes that start from the expert's
 conversation."""
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 from composer import chat
 from composer.pipeline import data as data_lib
-from composer.pipeline import expert_members, rl, rollouts
+from composer.pipeline import expert_members, rl, rollouts, screen
 from experiments import composer as experiment
 
 
@@ -498,6 +499,57 @@ def test_a_group_gets_each_recovery_once_beside_its_edit_corrections():
         )
         == []
     )
+
+
+def _tasks(n: int) -> list[SimpleNamespace]:
+    return [SimpleNamespace(instance_id=f"t{i}") for i in range(n)]
+
+
+def test_the_screen_keeps_the_failed_tasks_in_order_and_drops_ungraded_ones():
+    tasks = _tasks(5)
+    rewards = {"t0": 1.0, "t1": 0.0, "t2": None, "t4": 0.0}  # t3 not screened
+    assert [t.instance_id for t in screen.failed_tasks(tasks, rewards)] == ["t1", "t4"]
+
+
+def _screen_config(n: int):
+    config = experiment.get_config()
+    config.rl.screen_tasks = n
+    return config
+
+
+def test_rl_draws_from_the_screened_tasks_the_model_failed(monkeypatch, tmp_path):
+    data = SimpleNamespace(train_tasks=_tasks(20))
+    seen = []
+
+    def fake_screen(config, workdir, params, cfg, tokenizer, tasks, prompt_fn):
+        seen.append([t.instance_id for t in tasks])
+        return {t.instance_id: float(i % 3 != 0) for i, t in enumerate(tasks)}
+
+    monkeypatch.setattr(screen, "screen", fake_screen)
+    failed = rl.screened_tasks(_screen_config(7), tmp_path, data, None, None, None, {})
+    (sample,) = seen
+    # A seeded sample of 7 distinct train tasks, the same on every call (a resumed run draws the same).
+    assert len(set(sample)) == 7 and set(sample) <= {t.instance_id for t in data.train_tasks}
+    assert [t.instance_id for t in failed] == sample[::3]
+    rl.screened_tasks(_screen_config(7), tmp_path, data, None, None, None, {})
+    assert seen[1] == sample
+    # Off, or a model that failed none of them: RL draws from every train task.
+    assert rl.screened_tasks(_screen_config(0), tmp_path, data, None, None, None, {}) is data.train_tasks
+    monkeypatch.setattr(screen, "screen", lambda *a: {t.instance_id: 1.0 for t in a[5]})
+    assert rl.screened_tasks(_screen_config(7), tmp_path, data, None, None, None, {}) is data.train_tasks
+    with pytest.raises(ValueError, match="rl.screen_tasks"):
+        rl.screened_tasks(_screen_config(-1), tmp_path, data, None, None, None, {})
+
+
+def test_a_saved_screen_is_read_back_only_for_the_same_tasks(tmp_path):
+    tasks = _tasks(3)
+    saved = {"tasks": ["t0", "t1", "t2"], "rewards": {"t0": 1.0, "t1": 0.0, "t2": 1.0}}
+    (tmp_path / screen.SCREEN_FILE).write_text(json.dumps(saved))
+    config = _screen_config(3)
+    assert screen.screen(config, tmp_path, None, None, None, tasks, None) == saved["rewards"]
+    # Other tasks (a changed config): it screens again, which needs a model (none here).
+    with pytest.raises(AttributeError):
+        screen.screen(config, tmp_path, None, None, None, tasks[:2], None)
 
 
 def test_a_generated_suite_comes_in_the_order_a_rerun_loads_it(tmp_path):
