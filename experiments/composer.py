@@ -245,10 +245,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # Screen: one greedy episode of the SFT model on each of this many train tasks before RL, which then
     # draws its tasks from those it failed (composer/pipeline/screen.py; 0: off, RL draws from all), so
     # that every group carries signal. The default SFT model has seen every train task's expert
-    # trajectory and fails few: 8 of 128 (81% of 200 held-out tasks). RL from those 8 (4 steps, every
-    # group with signal, 6-12% of its episodes solved) ended at 162 of 200 held-out, 1 lost and 1 gained;
-    # RL from all train tasks, 160 (2 / 0; 3 of 4 groups kept without signal at step 1). The screen
-    # costs 128 episodes (~2 min alone): off until it shows a gain.
+    # trajectory and fails few: one such model (162 of 200 held-out tasks) failed 8 of 128. From it, RL
+    # on those 8 (every group with signal, 0-44% of their episodes solved) ended at 162 held-out after
+    # 4 steps (1 lost, 1 gained) and 165 after 8 (7 / 10, p 0.63); RL on all train tasks at 160 (2 / 0,
+    # 7 groups with signal in 4 steps), and at temperature 1.0, 158 (5 / 1). The screen costs 128
+    # episodes (~2 min alone): off until it shows a gain over several SFT models.
     c.rl.screen_tasks = 0
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups
