@@ -119,9 +119,11 @@ def screened_tasks(config, workdir: Path, data, params, cfg, tokenizer, starts: 
     )
     failed = screen.failed_tasks(sample, rewards)
     if not failed:
-        logging.warning("RL: the starting model solved all %d screened tasks: RL draws from all", n)
+        logging.warning("RL: the starting model solved all %d screened tasks: RL draws from all", len(sample))
         return data.train_tasks
-    logging.info("RL: drawing from the %d of %d screened train tasks the model failed", len(failed), n)
+    logging.info(
+        "RL: drawing from the %d of %d screened train tasks the model failed", len(failed), len(sample)
+    )
     return failed
 
 
