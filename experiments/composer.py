@@ -251,6 +251,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # 7 groups with signal in 4 steps), and at temperature 1.0, 158 (5 / 1). The screen costs 128
     # episodes (~2 min alone): off until it shows a gain over several SFT models.
     c.rl.screen_tasks = 0
+    # Unseen tasks: RL draws from the train tasks past the first sft.n_trajectories (env.n_train_tasks must
+    # be larger), which SFT never saw solved; the expert solves them too, for guides and expert starts.
+    c.rl.unseen_tasks = False
     c.rl.dynamic_sampling = True  # drop (and replace) groups whose rewards are all equal
     c.rl.dynamic_sampling_budget = 1  # per step, drop at most this many x tasks_per_step such groups
     # A batch whose advantages are all zero is not trained on (the step still counts): an update that

@@ -31,10 +31,15 @@ def _launch(workdir: Path, log: Path, *extra: str) -> subprocess.Popen:
 def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
     workdir = tmp_path / "run"
     # First run: kill -9 as soon as the first RL checkpoint is complete. With search turns (sampled from
-    # the expert's states beside the episodes), so that their groups go through an update and a resume.
-    search = "--config.rl.search_turn_tasks=2"
+    # the expert's states beside the episodes), so that their groups go through an update and a resume;
+    # and RL on the 4 train tasks past SFT's 8.
+    extra = (
+        "--config.rl.search_turn_tasks=2",
+        "--config.rl.unseen_tasks=True",
+        "--config.env.n_train_tasks=12",
+    )
     log = tmp_path / "first.log"
-    proc = _launch(workdir, log, search)
+    proc = _launch(workdir, log, *extra)
     deadline = time.time() + 600
     rl_ckpt = workdir / "checkpoints" / "rl"
     while time.time() < deadline and proc.poll() is None:
@@ -46,14 +51,21 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
     proc.wait()
     steps_before = [r["step"] for r in read_metrics(workdir, "rl")]
     assert steps_before, "RL logged nothing before the kill"
-    # The screen before RL ran on the tiny config's 4 train tasks and is kept for the resumed run.
+    # The screen before RL ran on the 4 unseen train tasks and is kept for the resumed run.
     screened = json.loads((workdir / "rl_screen.json").read_text())
     assert len(screened["tasks"]) == 4 and screened["rewards"].keys() == set(screened["tasks"])
     assert "SCREEN: the starting model failed" in log.read_text()
 
+    # Those are not SFT's tasks, and the expert solved them too (RL's guides and expert starts).
+    def ids(name):
+        return {json.loads(x)["instance_id"] for x in (workdir / name).read_text().splitlines()}
+
+    assert len(ids("sft_data.jsonl")) == 8 and not ids("sft_data.jsonl") & set(screened["tasks"])
+    assert ids("rl_expert.jsonl") == set(screened["tasks"])
+
     # Rerun with the same workdir: DATA and SFT are skipped, RL resumes after its last checkpoint.
     log = tmp_path / "second.log"
-    proc = _launch(workdir, log, search)
+    proc = _launch(workdir, log, *extra)
     proc.wait(timeout=900)
     out = log.read_text()
     assert proc.returncode == 0, out[-5000:]

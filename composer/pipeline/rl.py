@@ -1,6 +1,7 @@
 """RL: GRPO-family updates on groups of rollouts, with dynamic sampling and bounded staleness.
 
-Before the loop, with `rl.screen_tasks` > 0:
+RL draws from all train tasks, or with `rl.unseen_tasks` from those past SFT's (`data.rl_tasks`, with the
+expert's trajectories on them for guides and expert starts). Before the loop, with `rl.screen_tasks` > 0:
   SCREEN      one greedy episode of the starting model on each of that many train tasks; the loop draws
               its tasks from those it failed (`screened_tasks`, composer/pipeline/screen.py), as groups
               of tasks the model already solves carry no signal.
@@ -105,22 +106,22 @@ def expert_starts(config: ml_collections.ConfigDict, data) -> dict[str, list]:
 
 
 def screened_tasks(config, workdir: Path, data, params, cfg, tokenizer, starts: dict) -> list:
-    """The train tasks RL draws from: all of them, or with `rl.screen_tasks` > 0 those of a seeded sample
-    of that many that the starting model failed (composer/pipeline/screen.py); all of them again, with a
-    warning, when it failed none."""
+    """The train tasks RL draws from: all of `data.rl_tasks`, or with `rl.screen_tasks` > 0 those of a
+    seeded sample of that many that the starting model failed (composer/pipeline/screen.py); all of them
+    again, with a warning, when it failed none."""
     n = config.rl.screen_tasks
     if n < 0:
         raise ValueError(f"rl.screen_tasks must be >= 0, got {n}")
     if n == 0:
-        return data.train_tasks
-    sample = _task_stream(data.train_tasks, config.seed + 1, 0, min(n, len(data.train_tasks)))
+        return data.rl_tasks
+    sample = _task_stream(data.rl_tasks, config.seed + 1, 0, min(n, len(data.rl_tasks)))
     rewards = screen.screen(
         config, workdir, params, cfg, tokenizer, sample, rollouts.prompt_fn(config, starts)
     )
     failed = screen.failed_tasks(sample, rewards)
     if not failed:
         logging.warning("RL: the starting model solved all %d screened tasks: RL draws from all", len(sample))
-        return data.train_tasks
+        return data.rl_tasks
     logging.info(
         "RL: drawing from the %d of %d screened train tasks the model failed", len(failed), len(sample)
     )
@@ -342,10 +343,12 @@ def run(
     finish_saves_on_sigterm(ckpt)
 
     starts = expert_starts(config, data)
-    if starts:
-        logging.info(
-            "RL: %d of %d train tasks start from the expert's reads", len(starts), len(data.train_tasks)
-        )
+    ids = {t.instance_id for t in data.rl_tasks}
+    unseen = " (those SFT did not train on)" if config.rl.unseen_tasks else ""
+    logging.info(
+        "RL: drawing from %d train tasks%s, %d of them starting from the expert's reads",
+        len(data.rl_tasks), unseen, len(ids & starts.keys()),
+    )  # fmt: skip
     train_tasks = screened_tasks(config, workdir, data, sft_params, sampler_cfg, tokenizer, starts)
     key = jax.random.fold_in(jax.random.key(config.seed), 1 + meta["step"])
     make_sampler = functools.partial(
@@ -377,7 +380,7 @@ def run(
     fixers = [(kind, make) for kind, make, on in kinds if on]
     search_states, search_sampler = [], None
     if rl.search_turn_tasks:
-        repos = {t.instance_id: t.repo for t in data.train_tasks}
+        repos = {t.instance_id: t.repo for t in data.rl_tasks}
         found = (
             search_turns.search_state(task_id, messages, repos[task_id])
             for task_id, messages in sorted(data.expert_by_task.items())

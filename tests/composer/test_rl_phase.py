@@ -518,7 +518,7 @@ def _screen_config(n: int):
 
 
 def test_rl_draws_from_the_screened_tasks_the_model_failed(monkeypatch, tmp_path):
-    data = SimpleNamespace(train_tasks=_tasks(20))
+    data = SimpleNamespace(rl_tasks=_tasks(20))
     seen = []
 
     def fake_screen(config, workdir, params, cfg, tokenizer, tasks, prompt_fn):
@@ -529,14 +529,14 @@ def test_rl_draws_from_the_screened_tasks_the_model_failed(monkeypatch, tmp_path
     failed = rl.screened_tasks(_screen_config(7), tmp_path, data, None, None, None, {})
     (sample,) = seen
     # A seeded sample of 7 distinct train tasks, the same on every call (a resumed run draws the same).
-    assert len(set(sample)) == 7 and set(sample) <= {t.instance_id for t in data.train_tasks}
+    assert len(set(sample)) == 7 and set(sample) <= {t.instance_id for t in data.rl_tasks}
     assert [t.instance_id for t in failed] == sample[::3]
     rl.screened_tasks(_screen_config(7), tmp_path, data, None, None, None, {})
     assert seen[1] == sample
-    # Off, or a model that failed none of them: RL draws from every train task.
-    assert rl.screened_tasks(_screen_config(0), tmp_path, data, None, None, None, {}) is data.train_tasks
+    # Off, or a model that failed none of them: RL draws from every task it may.
+    assert rl.screened_tasks(_screen_config(0), tmp_path, data, None, None, None, {}) is data.rl_tasks
     monkeypatch.setattr(screen, "screen", lambda *a: {t.instance_id: 1.0 for t in a[5]})
-    assert rl.screened_tasks(_screen_config(7), tmp_path, data, None, None, None, {}) is data.train_tasks
+    assert rl.screened_tasks(_screen_config(7), tmp_path, data, None, None, None, {}) is data.rl_tasks
     with pytest.raises(ValueError, match="rl.screen_tasks"):
         rl.screened_tasks(_screen_config(-1), tmp_path, data, None, None, None, {})
 
@@ -557,6 +557,22 @@ def test_a_generated_suite_comes_in_the_order_a_rerun_loads_it(tmp_path):
     # workdir, must see the tasks in the order the first run generated them.
     config = experiment.get_config("tiny")
     config.env.n_train_tasks = 12
-    fresh = [t.instance_id for t in data_lib.task_suite(config, tmp_path, "train")]
-    loaded = [t.instance_id for t in data_lib.task_suite(config, tmp_path, "train")]
-    assert loaded == fresh and len(fresh) == 12
+    fresh = data_lib.task_suite(config, tmp_path / "a", "train")
+    loaded = data_lib.task_suite(config, tmp_path / "a", "train")
+    assert [t.instance_id for t in loaded] == [t.instance_id for t in fresh] and len(fresh) == 12
+    # In seed order, which directory names are not: so a larger suite begins with the smaller one's tasks
+    # (SFT's first sft.n_trajectories stay the same when env.n_train_tasks grows for rl.unseen_tasks).
+    seeds = [t.metadata["seed"] for t in loaded]
+    assert seeds == sorted(seeds) and [t.path.name for t in loaded] != sorted(t.path.name for t in loaded)
+    config.env.n_train_tasks = 16
+    larger = data_lib.task_suite(config, tmp_path / "b", "train")
+    assert [t.instance_id for t in larger[:12]] == [t.instance_id for t in fresh]
+
+
+def test_unseen_tasks_need_train_tasks_past_sfts(tmp_path):
+    config = experiment.get_config("tiny")
+    config.rl.unseen_tasks = True
+    config.env.n_train_tasks = config.sft.n_trajectories
+    with pytest.raises(ValueError, match=r"rl.unseen_tasks: .*n_train_tasks \(8\) must exceed"):
+        data_lib.prepare(config, tmp_path)
+    assert not any(tmp_path.iterdir())  # it failed before generating anything
