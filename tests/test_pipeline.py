@@ -128,5 +128,10 @@ def test_eval_mode_never_trains(tmp_path):
         assert proc.returncode == 0, out[-5000:]
     assert "no RL checkpoint" in out, out[-5000:]
     assert (workdir / "eval_sft.json").exists()
+    # Each evaluated episode, for reading why it failed: its grade as the result records it.
+    rewards = json.loads((workdir / "eval_sft.json").read_text())["rewards"]
+    episodes = [json.loads(x) for x in (workdir / "eval_sft_episodes.jsonl").read_text().splitlines()]
+    assert {e["task_id"]: e["reward"] for e in episodes} == rewards and len(episodes) == 4
+    assert all(e["messages"][0]["role"] == "user" and e["turns"] >= 1 for e in episodes)
     assert not read_metrics(workdir, "rl") and not (workdir / "eval_rl.json").exists()
     assert [r["step"] for r in read_metrics(workdir, "eval")] == [0]

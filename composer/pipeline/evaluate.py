@@ -9,8 +9,32 @@ import ml_collections
 from absl import logging
 from tqdm import tqdm
 
+from composer import chat
 from composer.pipeline import next_call, rollouts
 from env.rollout import iter_groups
+
+
+def episodes_path(out: Path) -> Path:
+    """Where the episodes behind the result file `out` go (eval_sft.json: eval_sft_episodes.jsonl)."""
+    return out.with_name(f"{out.stem}_episodes.jsonl")
+
+
+def episode_record(result) -> dict:
+    """One evaluated episode for a person reading why it failed: its grade, how it ended and the
+    conversation after the system turn (the tool schemas, the same in every episode)."""
+    messages = (
+        result.messages[1:] if result.messages and result.messages[0].role == "system" else result.messages
+    )
+    return {
+        "task_id": result.task_id,
+        "reward": result.reward,
+        "truncation": result.truncation,
+        "turns": result.n_turns,
+        "tool_errors": result.n_tool_errors,
+        "tokens": len(result.ids),
+        "error": result.error,
+        "messages": [chat.message_to_dict(m) for m in messages],
+    }
 
 
 def evaluate(
@@ -22,7 +46,8 @@ def evaluate(
 
     With `expert` (expert trajectories on held-out tasks), the stats also hold the next-call accuracy from
     their prefixes (composer/pipeline/next_call.py), at the same temperature. With `out`, the result is
-    written there, and read back instead of recomputed when already present.
+    written there, and read back instead of recomputed when already present; each episode goes to
+    `episodes_path(out)`, one JSON object a line (`episode_record`).
     """
     if out is not None and out.exists():
         return json.loads(out.read_text())
@@ -57,5 +82,8 @@ def evaluate(
         )  # fmt: skip
     logging.info("EVAL: %s", json.dumps({k: v for k, v in stats.items() if k != "rewards"}))
     if out is not None:
-        out.write_text(json.dumps(stats, indent=1))
+        with episodes_path(out).open("w") as f:
+            for r in sorted(results, key=lambda r: r.task_id):
+                f.write(json.dumps(episode_record(r)) + "\n")
+        out.write_text(json.dumps(stats, indent=1))  # last: its presence means the EVAL is complete
     return stats
