@@ -76,6 +76,8 @@ _STREAM_SLACK = 2
 
 def _task_stream(tasks: list, seed: int, start: int, length: int) -> list:
     """Tasks in a seeded order that cycles through the train split; position i is the same on resume."""
+    if not tasks:
+        raise ValueError("RL has no train tasks to draw from")
     order = []
     epoch = 0
     while len(order) < start + length:

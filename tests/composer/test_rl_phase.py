@@ -576,3 +576,13 @@ def test_unseen_tasks_need_train_tasks_past_sfts(tmp_path):
     with pytest.raises(ValueError, match=r"rl.unseen_tasks: .*n_train_tasks \(8\) must exceed"):
         data_lib.prepare(config, tmp_path)
     assert not any(tmp_path.iterdir())  # it failed before generating anything
+
+
+def test_the_task_stream_resumes_at_its_position_and_needs_tasks():
+    tasks = _tasks(5)
+    whole = rl._task_stream(tasks, 0, 0, 12)
+    # Every task once per epoch, and a stream resumed at position 7 continues the same sequence.
+    assert sorted(t.instance_id for t in whole[:5]) == [t.instance_id for t in tasks]
+    assert rl._task_stream(tasks, 0, 7, 5) == whole[7:]
+    with pytest.raises(ValueError, match="no train tasks"):
+        rl._task_stream([], 0, 0, 4)  # (an empty list would cycle forever)
