@@ -42,7 +42,8 @@ def evaluate(
     expert: list | None = None,
 ) -> dict:  # fmt: skip
     """Runs one episode per task (config.eval.n_tasks of them) and returns episode_stats plus tokens/s,
-    and each task's reward by task id under 'rewards'.
+    each task's reward by task id under 'rewards' and, for each cut episode, the limit that cut it under
+    'truncations'. The wall-clock limit is eval.episode_timeout_s (rollouts.limits with grading).
 
     With `expert` (expert trajectories on held-out tasks), the stats also hold the next-call accuracy from
     their prefixes (composer/pipeline/next_call.py), at the same temperature. With `out`, the result is
@@ -60,8 +61,9 @@ def evaluate(
     results = []
     with rollouts.pool(config) as pool, tqdm(total=len(tasks), desc="EVAL", unit="episode") as bar:
         groups = iter_groups(
-            tasks, sampler, pool, tokenizer=tokenizer, group_size=1, limits=rollouts.limits(config),
-            max_active=rollouts.max_active(config), prompt_fn=rollouts.prompt_fn(config),
+            tasks, sampler, pool, tokenizer=tokenizer, group_size=1,
+            limits=rollouts.limits(config, grading=True), max_active=rollouts.max_active(config),
+            prompt_fn=rollouts.prompt_fn(config),
         )  # fmt: skip
         for group in groups:
             results.extend(group)
@@ -70,6 +72,9 @@ def evaluate(
     stats = rollouts.episode_stats(results)
     # Each task's reward (None: not graded), so that two models can be compared task by task.
     stats["rewards"] = {r.task_id: r.reward for r in results}
+    # And the limit that cut each cut one, so a comparison can leave out the tasks cut by the wall clock,
+    # which measures the machine's load as much as the model.
+    stats["truncations"] = {r.task_id: r.truncation for r in results if r.truncation is not None}
     s = sampler.stats()
     stats.update({k: s[k] for k in ("tokens_per_s", "occupancy", "prefill_share")}, wall_s=time.time() - t0)
     if expert:

@@ -42,15 +42,36 @@ def sign_test(a: int, b: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def flips(before: dict, after: dict) -> tuple[int, int, int] | None:
-    """(tasks both models were scored on, tasks solved by `before` only, by `after` only), from the two
-    evaluations' per-task rewards; None when either lacks them (written before they were recorded)."""
+def time_cut(stats: dict) -> set[str]:
+    """The tasks whose episode in this evaluation was cut by the wall-clock limit."""
+    return {t for t, limit in stats.get("truncations", {}).items() if limit == "time"}
+
+
+def compared_tasks(before: dict, after: dict) -> tuple[set[str], set[str]] | None:
+    """(tasks compared, tasks left out) of two evaluations with per-task rewards; None when either lacks
+    them (written before they were recorded).
+
+    The tasks compared are those both were scored on, less those either episode of which was cut by the
+    wall-clock limit (left out): that limit fires when the machine is busy, so it can differ between two
+    evaluations of one model, and counting it would credit or blame a model for the load it ran under.
+    """
     if "rewards" not in before or "rewards" not in after:
         return None
     common = before["rewards"].keys() & after["rewards"].keys()
-    solved_before = {t for t in common if before["rewards"][t] == 1.0}
-    solved_after = {t for t in common if after["rewards"][t] == 1.0}
-    return len(common), len(solved_before - solved_after), len(solved_after - solved_before)
+    left_out = common & (time_cut(before) | time_cut(after))
+    return common - left_out, left_out
+
+
+def flips(before: dict, after: dict) -> tuple[int, int] | None:
+    """(tasks solved by `before` only, by `after` only) among compared_tasks; None without per-task
+    rewards."""
+    compared = compared_tasks(before, after)
+    if compared is None:
+        return None
+    tasks, _ = compared
+    solved_before = {t for t in tasks if before["rewards"][t] == 1.0}
+    solved_after = {t for t in tasks if after["rewards"][t] == 1.0}
+    return len(solved_before - solved_after), len(solved_after - solved_before)
 
 
 def summary_table(before: dict, after: dict) -> str:
@@ -60,11 +81,17 @@ def summary_table(before: dict, after: dict) -> str:
             continue
         lines.append(f"{title:32} {fmt.format(before[key]):>10} {fmt.format(after[key]):>10}")
     lines.append(f"{'held-out episodes':32} {before['episodes']:>10} {after['episodes']:>10}")
-    flipped = flips(before, after)
-    if flipped is not None:
+    compared = compared_tasks(before, after)
+    if compared is not None:
+        tasks, left_out = compared
+        if left_out:
+            lines.append(f"{'  time-limit cuts, left out':32} {len(left_out):>21}")
+            rates = [sum(d["rewards"][t] == 1.0 for t in tasks) / max(len(tasks), 1) for d in (before, after)]
+            title = f"  solve rate on the other {len(tasks)}"
+            lines.append(f"{title:32} {rates[0]:>10.1%} {rates[1]:>10.1%}")
         # The solve rates' difference is the difference of these two counts; whether it is more than noise
         # depends on them alone, hence the test.
-        _, lost, gained = flipped
+        lost, gained = flips(before, after)
         lines.append(f"{'  solved by this model only':32} {lost:>10} {gained:>10}")
         lines.append(f"{'  sign test, p (two-sided)':32} {sign_test(lost, gained):>21.3f}")
     turns = sorted(int(k.removeprefix(TURN_KEY)) for k in before if k.startswith(TURN_KEY))

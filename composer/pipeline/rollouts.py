@@ -1,6 +1,7 @@
 """Rollouts with the model: a sampler engine and a tool pool running episodes, and their statistics."""
 
 import contextlib
+import dataclasses
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -109,8 +110,14 @@ def max_active(config: ml_collections.ConfigDict) -> int:
     return config.sampling.max_active or config.sampling.decode_slots
 
 
-def limits(config: ml_collections.ConfigDict) -> RolloutLimits:
-    return RolloutLimits.from_config(config)
+def limits(config: ml_collections.ConfigDict, *, grading: bool = False) -> RolloutLimits:
+    """The episode limits. With `grading` (EVAL and the screen, which score a policy and do not train), the
+    wall-clock limit is eval.episode_timeout_s: there it is only a safety cap, so that machine load, which
+    slows every episode, does not turn into failed tasks and a model is scored on what it does."""
+    out = RolloutLimits.from_config(config)
+    if grading:
+        out = dataclasses.replace(out, episode_timeout_s=config.eval.episode_timeout_s)
+    return out
 
 
 TRUNCATIONS = ("turns", "tokens", "time")  # the limits that can cut an episode (env/rollout/episode.py)

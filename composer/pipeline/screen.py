@@ -59,8 +59,9 @@ def screen(
     rewards: dict[str, float | None] = {}
     with rollouts.pool(config) as pool, tqdm(total=len(tasks), desc="SCREEN", unit="episode") as bar:
         groups = iter_groups(
-            tasks, sampler, pool, tokenizer=tokenizer, group_size=1, limits=rollouts.limits(config),
-            max_active=rollouts.max_active(config), prompt_fn=prompt_fn,
+            tasks, sampler, pool, tokenizer=tokenizer, group_size=1,
+            limits=rollouts.limits(config, grading=True), max_active=rollouts.max_active(config),
+            prompt_fn=prompt_fn,
         )  # fmt: skip
         for group in groups:
             for r in group:

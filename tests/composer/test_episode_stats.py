@@ -53,7 +53,8 @@ def test_summary_counts_tasks_each_model_alone_solved():
     on, with the exact sign test of those two counts."""
     before = {"episodes": 4, "rewards": {"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0, "x": 1.0}}
     after = {"episodes": 4, "rewards": {"a": 0.0, "b": 1.0, "c": 1.0, "d": 1.0, "y": 0.0}}
-    assert phases.flips(before, after) == (4, 1, 2)
+    assert phases.flips(before, after) == (1, 2)
+    assert phases.compared_tasks(before, after) == ({"a", "b", "c", "d"}, set())
     table = phases.summary_table(before, after)
     row = next(line for line in table.splitlines() if "solved by this model only" in line)
     assert row.split()[-2:] == ["1", "2"]
@@ -61,6 +62,40 @@ def test_summary_counts_tasks_each_model_alone_solved():
     # Evaluations written before per-task rewards were recorded: no such rows.
     assert phases.flips({"episodes": 4}, after) is None
     assert "solved by this model only" not in phases.summary_table({"episodes": 4}, {"episodes": 4})
+
+
+def test_summary_leaves_out_tasks_cut_by_the_time_limit():
+    """A task whose episode either evaluation cut at the wall-clock limit is not compared: that limit reads
+    the machine's load, which can differ between the two evaluations."""
+    before = {
+        "episodes": 4, "rewards": {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.0},
+        "truncations": {"b": "time", "d": "tokens"},
+    }  # fmt: skip
+    after = {"episodes": 4, "rewards": {"a": 0.0, "b": 1.0, "c": 1.0, "d": 1.0}, "truncations": {"c": "time"}}
+    assert phases.compared_tasks(before, after) == ({"a", "d"}, {"b", "c"})
+    assert phases.flips(before, after) == (1, 1)  # a lost, d gained; b and c left out
+    table = phases.summary_table(before, after)
+    rows = {line[:32].strip(): line[32:].split() for line in table.splitlines()}
+    assert rows["time-limit cuts, left out"] == ["2"]
+    assert rows["solve rate on the other 2"] == ["50.0%", "50.0%"]
+    assert rows["solved by this model only"] == ["1", "1"]
+    # Without time cuts, no such rows.
+    assert "time-limit cuts" not in phases.summary_table(
+        before | {"truncations": {}}, after | {"truncations": {}}
+    )
+
+
+def test_grading_limits_use_the_eval_time_cap():
+    from experiments.composer import get_config
+
+    config = get_config()
+    config.env.episode_timeout_s, config.eval.episode_timeout_s = 120.0, 900.0
+    assert rollouts.limits(config).episode_timeout_s == 120.0
+    graded = rollouts.limits(config, grading=True)
+    assert graded.episode_timeout_s == 900.0
+    assert (
+        graded.max_turns == config.env.max_turns and graded.max_turn_tokens == config.sampling.max_turn_tokens
+    )
 
 
 def test_sign_test_against_the_binomial():
