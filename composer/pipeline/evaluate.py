@@ -7,11 +7,9 @@ from pathlib import Path
 import jax
 import ml_collections
 from absl import logging
-from tqdm import tqdm
 
 from composer import chat
 from composer.pipeline import next_call, rollouts
-from env.rollout import iter_groups
 
 
 def episodes_path(out: Path) -> Path:
@@ -58,17 +56,14 @@ def evaluate(
         key=jax.random.key(config.seed + 1),
     )  # fmt: skip
     t0 = time.time()
-    results = []
-    with rollouts.pool(config) as pool, tqdm(total=len(tasks), desc="EVAL", unit="episode") as bar:
-        groups = iter_groups(
-            tasks, sampler, pool, tokenizer=tokenizer, group_size=1,
-            limits=rollouts.limits(config, grading=True), max_active=rollouts.max_active(config),
-            prompt_fn=rollouts.prompt_fn(config),
-        )  # fmt: skip
-        for group in groups:
-            results.extend(group)
-            bar.update(len(group))
-            bar.set_postfix(solved=sum(r.reward or 0 for r in results))
+    results = rollouts.one_episode_each(
+        config,
+        sampler,
+        tokenizer,
+        tasks,
+        desc="EVAL",
+        postfix=lambda rs: {"solved": sum(r.reward or 0 for r in rs)},
+    )
     stats = rollouts.episode_stats(results)
     # Each task's reward (None: not graded), so that two models can be compared task by task.
     stats["rewards"] = {r.task_id: r.reward for r in results}

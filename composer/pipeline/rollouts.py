@@ -7,10 +7,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import jax
 import ml_collections
+from tqdm import tqdm
 
 from composer import chat
 from composer.sampler import Sampler
-from env.rollout import RolloutLimits
+from env.rollout import RolloutLimits, iter_groups
 from env.rollout.driver import INSTRUCTIONS
 from env.rollout.episode import EDIT_TOOLS
 from env.rollout.pool import RolloutPool, make_pool
@@ -118,6 +119,27 @@ def limits(config: ml_collections.ConfigDict, *, grading: bool = False) -> Rollo
     if grading:
         out = dataclasses.replace(out, episode_timeout_s=config.eval.episode_timeout_s)
     return out
+
+
+def one_episode_each(
+    config: ml_collections.ConfigDict, sampler: Sampler, tokenizer, tasks: list, *, desc: str,
+    prompts: Callable | None = None, postfix: Callable[[list], dict] | None = None,
+) -> list:  # fmt: skip
+    """One graded episode of `sampler`'s policy on each task (EpisodeResult list, in finishing order), under
+    the grading limits (`limits(config, grading=True)`): EVAL's and the screen's loop. `prompts` opens
+    each episode (default: `prompt_fn(config)`); `postfix(results so far)` is shown on the progress bar."""
+    results = []
+    with pool(config) as p, tqdm(total=len(tasks), desc=desc, unit="episode") as bar:
+        groups = iter_groups(
+            tasks, sampler, p, tokenizer=tokenizer, group_size=1, limits=limits(config, grading=True),
+            max_active=max_active(config), prompt_fn=prompts or prompt_fn(config),
+        )  # fmt: skip
+        for group in groups:
+            results.extend(group)
+            bar.update(len(group))
+            if postfix is not None:
+                bar.set_postfix(postfix(results))
+    return results
 
 
 TRUNCATIONS = ("turns", "tokens", "time")  # the limits that can cut an episode (env/rollout/episode.py)

@@ -22,10 +22,8 @@ from pathlib import Path
 import jax
 import ml_collections
 from absl import logging
-from tqdm import tqdm
 
 from composer.pipeline import rollouts
-from env.rollout import iter_groups
 
 SCREEN_FILE = "rl_screen.json"
 
@@ -56,18 +54,11 @@ def screen(
         key=jax.random.key(config.seed + 2),
     )  # fmt: skip
     t0 = time.time()
-    rewards: dict[str, float | None] = {}
-    with rollouts.pool(config) as pool, tqdm(total=len(tasks), desc="SCREEN", unit="episode") as bar:
-        groups = iter_groups(
-            tasks, sampler, pool, tokenizer=tokenizer, group_size=1,
-            limits=rollouts.limits(config, grading=True), max_active=rollouts.max_active(config),
-            prompt_fn=prompt_fn,
-        )  # fmt: skip
-        for group in groups:
-            for r in group:
-                rewards[r.task_id] = r.reward
-            bar.update(len(group))
-            bar.set_postfix(failed=len(failed_tasks(tasks, rewards)))
+    results = rollouts.one_episode_each(
+        config, sampler, tokenizer, tasks, desc="SCREEN", prompts=prompt_fn,
+        postfix=lambda rs: {"failed": len(failed_tasks(tasks, {r.task_id: r.reward for r in rs}))},
+    )  # fmt: skip
+    rewards: dict[str, float | None] = {r.task_id: r.reward for r in results}
     logging.info(
         "SCREEN: the starting model failed %d of %d train tasks (%d not graded) in %.0f s",
         len(failed_tasks(tasks, rewards)), len(tasks), sum(v is None for v in rewards.values()),
