@@ -46,6 +46,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c = ConfigDict()
     c.experiment = "composer" if variant == "default" else f"composer-{variant}"
     c.seed = 0
+    # JAX's persistent compilation cache: a rerun (a resume after a kill, --mode=eval, the next experiment
+    # with the same shapes) loads its compiled programs instead of compiling them again. '' turns it off;
+    # JAX_COMPILATION_CACHE_DIR, when set, wins. On the tiny config, --mode=eval after SFT took 51 s with
+    # an empty cache and 16 s with a warm one (2-core CPU).
+    c.compilation_cache_dir = "~/.cache/composer/jax"
 
     # ---- model: a decoder-only MoE transformer (see composer/model.py)
     c.model = ConfigDict()
