@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,11 +15,18 @@ from composer.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--config=experiments/composer.py:tiny", "--config.rl.steps=4", "--config.checkpoint.every_steps=1"]
+# The data every test here starts from: 12 train tasks, of which SFT takes 8, and the expert's solutions of
+# the other 4 (rl_expert.jsonl), for the tests that run RL on them.
+DATA = ("--config.env.n_train_tasks=12", "--config.rl.unseen_tasks=True")
 
 
-def _launch(workdir: Path, log: Path, *extra: str) -> subprocess.Popen:
+def _launch(workdir: Path, log: Path, *extra: str, cache: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("XLA_FLAGS", None)  # one CPU device, as a user's run
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the config's, below
+    # The runs of this module share one compilation cache (jax_cache), of their own: a run after the first
+    # loads the programs the first compiled, as a user's rerun does from ~/.cache.
+    extra = (f"--config.compilation_cache_dir={cache}", *extra)
     # Output to a file, not a pipe: nobody reads a pipe while the run goes on, and a full one blocks it.
     with log.open("w") as f:
         return subprocess.Popen(
@@ -27,19 +35,39 @@ def _launch(workdir: Path, log: Path, *extra: str) -> subprocess.Popen:
         )  # fmt: skip
 
 
-@pytest.mark.slow
-def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
+@pytest.fixture(scope="module")
+def jax_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("jax_cache")
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory, jax_cache) -> Path:
+    """A workdir through DATA and SFT (`--mode=sft`), made once for this module: every test below continues
+    a copy of it, as a rerun of the same workdir would, and the pipeline's first two phases run once."""
+    root = tmp_path_factory.mktemp("sft_run")
+    workdir, log = root / "run", root / "sft.log"
+    proc = _launch(workdir, log, *DATA, "--mode=sft", cache=jax_cache)
+    proc.wait(timeout=600)
+    assert proc.returncode == 0, log.read_text()[-5000:]
+    assert any(jax_cache.iterdir()), "SFT compiled nothing into the compilation cache"
+    return workdir
+
+
+def _copy(sft_run: Path, tmp_path: Path) -> Path:
     workdir = tmp_path / "run"
+    shutil.copytree(sft_run, workdir, symlinks=True)
+    return workdir
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_runs_and_resumes_after_kill(sft_run, jax_cache, tmp_path):
+    workdir = _copy(sft_run, tmp_path)
     # First run: kill -9 as soon as the first RL checkpoint is complete. With search turns (sampled from
     # the expert's states beside the episodes), so that their groups go through an update and a resume;
     # and RL on the 4 train tasks past SFT's 8.
-    extra = (
-        "--config.rl.search_turn_tasks=2",
-        "--config.rl.unseen_tasks=True",
-        "--config.env.n_train_tasks=12",
-    )
+    extra = ("--config.rl.search_turn_tasks=2", *DATA)
     log = tmp_path / "first.log"
-    proc = _launch(workdir, log, *extra)
+    proc = _launch(workdir, log, *extra, cache=jax_cache)
     deadline = time.time() + 600
     rl_ckpt = workdir / "checkpoints" / "rl"
     while time.time() < deadline and proc.poll() is None:
@@ -65,7 +93,7 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
 
     # Rerun with the same workdir: DATA and SFT are skipped, RL resumes after its last checkpoint.
     log = tmp_path / "second.log"
-    proc = _launch(workdir, log, *extra)
+    proc = _launch(workdir, log, *extra, cache=jax_cache)
     proc.wait(timeout=900)
     out = log.read_text()
     assert proc.returncode == 0, out[-5000:]
@@ -95,13 +123,14 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_pipeline_with_the_ray_pool_and_ppo(tmp_path):
-    # PPO with a KL term to the SFT model, sampling below temperature 1.
+def test_tiny_pipeline_with_the_ray_pool_and_ppo(sft_run, jax_cache, tmp_path):
+    # PPO with a KL term to the SFT model, sampling below temperature 1, on all 12 train tasks.
     pytest.importorskip("ray", reason="the Ray backend needs ray (requirements.txt installs it)")
-    workdir, log = tmp_path / "run", tmp_path / "run.log"
+    workdir, log = _copy(sft_run, tmp_path), tmp_path / "run.log"
     proc = _launch(
-        workdir, log, "--config.rl.steps=2", "--config.env.rollout_backend=ray", "--config.rl.algorithm=gae",
-        "--config.rl.kl_coef=0.05", "--config.sampling.temperature=0.8",
+        workdir, log, "--config.env.n_train_tasks=12", "--config.rl.steps=2",
+        "--config.env.rollout_backend=ray", "--config.rl.algorithm=gae", "--config.rl.kl_coef=0.05",
+        "--config.sampling.temperature=0.8", cache=jax_cache,
     )  # fmt: skip
     proc.wait(timeout=900)
     out = log.read_text()
@@ -117,15 +146,15 @@ def test_tiny_pipeline_with_the_ray_pool_and_ppo(tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_mode_never_trains(tmp_path):
-    # SFT only, then --mode=eval: the SFT model is evaluated and no RL step runs (there is no RL
-    # checkpoint to evaluate, and evaluating is not a reason to train).
-    workdir = tmp_path / "run"
-    for mode, name in (("sft", "sft.log"), ("eval", "eval.log")):
-        proc = _launch(workdir, tmp_path / name, f"--mode={mode}")
-        proc.wait(timeout=600)
-        out = (tmp_path / name).read_text()
-        assert proc.returncode == 0, out[-5000:]
+def test_eval_mode_never_trains(sft_run, jax_cache, tmp_path):
+    # After SFT, --mode=eval: the SFT model is evaluated and no RL step runs (there is no RL checkpoint to
+    # evaluate, and evaluating is not a reason to train).
+    workdir, log = _copy(sft_run, tmp_path), tmp_path / "eval.log"
+    assert not (workdir / "eval_sft.json").exists()  # --mode=sft stops before EVAL
+    proc = _launch(workdir, log, *DATA, "--mode=eval", cache=jax_cache)
+    proc.wait(timeout=600)
+    out = log.read_text()
+    assert proc.returncode == 0, out[-5000:]
     assert "no RL checkpoint" in out, out[-5000:]
     assert (workdir / "eval_sft.json").exists()
     # Each evaluated episode, for reading why it failed: its grade as the result records it.
