@@ -59,7 +59,10 @@ def compilation_cache(config: ml_collections.ConfigDict) -> str | None:
     compiles) and returns the directory; None when it is off ('') or JAX_COMPILATION_CACHE_DIR chose one.
 
     Every program is cached, however fast it compiled: JAX's default keeps only those over a second, and
-    the sampler's and learner's many small programs are most of a small run's start-up."""
+    the sampler's and learner's many small programs are most of a small run's start-up. The cache holds at
+    most config.compilation_cache_max_gib, least recently used out first; with a limit JAX also reads and
+    writes its entries under a file lock, so that runs sharing the directory never read a half-written
+    one."""
     import jax
 
     if not config.compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
@@ -68,6 +71,7 @@ def compilation_cache(config: ml_collections.ConfigDict) -> str | None:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", int(config.compilation_cache_max_gib * 2**30))
     return path
 
 

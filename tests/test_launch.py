@@ -116,4 +116,7 @@ def test_compilation_cache_is_on_unless_turned_off_or_chosen_by_the_environment(
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / "cache")
-    assert any((tmp_path / "cache").iterdir())
+    # The program, under JAX's cache naming (an entry per program, '-cache'), and the size limit's lock.
+    names = [p.name for p in (tmp_path / "cache").iterdir()]
+    assert any(n.startswith("jit__lambda") and n.endswith("-cache") for n in names), names
+    assert ".lockfile" in names
