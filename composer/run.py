@@ -55,8 +55,8 @@ _MODES: dict[str, Callable[[ml_collections.ConfigDict, Path], None]] = {
 
 
 def compilation_cache(config: ml_collections.ConfigDict) -> str | None:
-    """Turns on JAX's persistent compilation cache in config.compilation_cache_dir (before anything
-    compiles) and returns the directory; None when it is off ('') or JAX_COMPILATION_CACHE_DIR chose one.
+    """Turns on JAX's persistent compilation cache (before anything compiles) and returns its directory:
+    JAX_COMPILATION_CACHE_DIR when set, else config.compilation_cache_dir; None when both are empty (off).
 
     Every program is cached, however fast it compiled: JAX's default keeps only those over a second, and
     the sampler's and learner's many small programs are most of a small run's start-up. The cache holds at
@@ -65,9 +65,10 @@ def compilation_cache(config: ml_collections.ConfigDict) -> str | None:
     one."""
     import jax
 
-    if not config.compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or config.compilation_cache_dir
+    if not path:
         return None
-    path = str(Path(config.compilation_cache_dir).expanduser())
+    path = str(Path(path).expanduser())
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

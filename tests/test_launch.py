@@ -1,6 +1,7 @@
 """launch.py: the locked config and the modes."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,32 +92,32 @@ def test_info_prints_parameter_counts():
     assert "parameters: total" in r.stdout and "active per token" in r.stdout
 
 
-def test_compilation_cache_is_on_unless_turned_off_or_chosen_by_the_environment(monkeypatch, tmp_path):
+def test_the_compilation_cache_directory_is_the_environment_s_else_the_config_s(monkeypatch, tmp_path):
     from composer import run
 
     config = composer_config.get_config("tiny")
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     config.compilation_cache_dir = ""
-    assert run.compilation_cache(config) is None
-    config.compilation_cache_dir = str(tmp_path / "cache")
-    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "theirs"))
-    assert run.compilation_cache(config) is None  # JAX reads the variable itself
-    # On: a compiled program lands in the directory (in a process of its own, which JAX's global config
-    # allows to change only before its first compilation).
+    assert run.compilation_cache(config) is None  # off
+    # On: a compiled program lands in the directory (in a process of its own: JAX's cache settings hold
+    # from before a process's first compilation).
     code = (
         "import jax, jax.numpy as jnp\n"
         "from composer import run\n"
         "from experiments.composer import get_config\n"
         "c = get_config('tiny')\n"
-        f"c.compilation_cache_dir = {str(tmp_path / 'cache')!r}\n"
+        f"c.compilation_cache_dir = {str(tmp_path / 'ours')!r}\n"
         "print(run.compilation_cache(c))\n"
         "jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready()\n"
     )
-    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == str(tmp_path / "cache")
-    # The program, under JAX's cache naming (an entry per program, '-cache'), and the size limit's lock.
-    names = [p.name for p in (tmp_path / "cache").iterdir()]
-    assert any(n.startswith("jit__lambda") and n.endswith("-cache") for n in names), names
-    assert ".lockfile" in names
+    for env, where in (({}, "ours"), ({"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "theirs")}, "theirs")):
+        r = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+            env=dict(os.environ, **env),
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == str(tmp_path / where)
+        # The program, under JAX's cache naming (an entry per program, '-cache'), and the size limit's lock.
+        names = [p.name for p in (tmp_path / where).iterdir()]
+        assert any(n.startswith("jit__lambda") and n.endswith("-cache") for n in names), names
+        assert ".lockfile" in names
