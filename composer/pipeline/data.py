@@ -10,6 +10,7 @@ import concurrent.futures
 import dataclasses
 import json
 import multiprocessing
+import re
 import time
 from pathlib import Path
 
@@ -84,12 +85,38 @@ def _seed_order(suite: list) -> list:
     return sorted(suite, key=lambda t: (t.metadata["seed"], t.instance_id))
 
 
+# pytest's closing line ("2 failed, 8 passed in 0.05s"), whose wall time is the one part of an expert
+# trajectory that differs between two runs of one seed.
+_PYTEST_OUTCOME = r"\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?|rerun)"
+_PYTEST_TIME = re.compile(
+    rf"\b((?:{_PYTEST_OUTCOME}, )*{_PYTEST_OUTCOME}) in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?"
+)
+RECORDED_PYTEST_TIME = "0.05s"
+
+
+def fixed_test_times(messages: list[chat.Message]) -> list[chat.Message]:
+    """The messages with pytest's wall time in tool results set to RECORDED_PYTEST_TIME.
+
+    SFT is deterministic given its data (two 20-step runs on one DATA output: the same loss to the last
+    bit), but the expert's trajectories were not: two runs of one seed differed in 546 of 600 of them, all
+    in pytest's timing. Those few tokens were enough to make each run's SFT model a new draw, 121 to 178
+    of 200 held-out tasks. With them fixed, one seed gives one SFT model. Only the recorded trajectories
+    change; episodes see pytest's real output."""
+    out = []
+    for m in messages:
+        if m.role == "tool" and m.content:
+            m = dataclasses.replace(m, content=_PYTEST_TIME.sub(rf"\1 in {RECORDED_PYTEST_TIME}", m.content))
+        out.append(m)
+    return out
+
+
 def _solve(task_dir: str) -> tuple[str, str, float, list[dict]]:
     from env import expert
 
     task = env_tasks.load_task(Path(task_dir))
     traj = expert.solve(task)
-    return task.instance_id, traj.family, traj.reward, [chat.message_to_dict(m) for m in traj.messages]
+    messages = fixed_test_times(traj.messages)
+    return task.instance_id, traj.family, traj.reward, [chat.message_to_dict(m) for m in messages]
 
 
 def _trajectories(
