@@ -6,7 +6,9 @@ from env.tasks import generate_task, split_seed
 
 
 def test_pytest_wall_time_is_fixed_in_tool_results_only():
-    result = "Exit code: 1\n...\nFAILED tests/t.py::test_a - assert None == 5.02\n2 failed, 8 passed in 0.04s\n"
+    result = (
+        "Exit code: 1\n...\nFAILED tests/t.py::test_a - assert None == 5.02\n2 failed, 8 passed in 0.04s\n"
+    )
     long = "===== 1 failed, 3 passed, 1 warning in 65.12s (0:01:05) ====="
     messages = [
         chat.Message("user", "2 failed, 8 passed in 0.04s"),  # not a tool's: left as it is
