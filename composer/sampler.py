@@ -140,6 +140,8 @@ class Sampler:
         self.params, self.version = unstack_layers(params), 0
         self.slots, self.max_len, self.steps_per_call = slots, max_len, steps_per_call
         self.temperature, self.top_p = float(temperature), float(top_p)
+        # Traced, not static: greedy EVAL and sampled RL rollouts share every compiled program.
+        self._sampling = dict(temperature=np.float32(temperature), top_p=np.float32(top_p))
         self.eos_id = -1 if eos_id is None else int(eos_id)
         self.key = key
         self.buckets = tuple(sorted(set(prefill_buckets or default_buckets(max_len))))
@@ -304,7 +306,7 @@ class Sampler:
             suffix = req.prompt[offset:]
             tokens[i, : len(suffix)] = suffix
             offsets[i], lengths[i], slots[i], seeds[i] = offset, len(suffix), slot, req.seed
-        kwargs = dict(cfg=self.cfg, temperature=self.temperature, top_p=self.top_p)
+        kwargs = dict(cfg=self.cfg, **self._sampling)
         if group[0][2] > 0:
             self.cache, first, logp, redone = extend(
                 self.params, self.cache, tokens, offsets, lengths, slots, seeds, self.key, **kwargs
@@ -344,7 +346,7 @@ class Sampler:
         window = next(w for w in self.windows if w >= min(top, self.max_len))
         self.cache, state, out = decode(
             self.params, self.cache, self.state, self.key, np.int32(self.eos_id), cfg=self.cfg, n_steps=n,
-            window=window, temperature=self.temperature, top_p=self.top_p,
+            window=window, **self._sampling,
         )  # fmt: skip
         state, out = jax.device_get((state, out))
         self.state = SlotState(*(np.array(x) for x in state))  # writable host copies

@@ -218,8 +218,8 @@ def _run_rows(
     seeds_r: jax.Array,
     base_key: jax.Array,
     cfg: ModelConfig,
-    temperature: float,
-    top_p: float,
+    temperature: jax.Array,
+    top_p: jax.Array,
 ) -> tuple[LayerCaches, jax.Array, jax.Array, jax.Array]:
     """Row i's lengths_r[i] tokens at positions offsets_r[i] + j over `rows` (which hold positions
     [0, offsets_r[i])), then each row's next token drawn from the logits at its last new position.
@@ -251,7 +251,7 @@ def _write_rows(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "top_p"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
 def prefill(
     params: dict,
     cache: LayerCaches,
@@ -262,8 +262,8 @@ def prefill(
     base_key: jax.Array,
     *,
     cfg: ModelConfig,
-    temperature: float,
-    top_p: float,
+    temperature: jax.Array,
+    top_p: jax.Array,
 ) -> tuple[LayerCaches, jax.Array, jax.Array, jax.Array]:
     """Prefills r prompts into slots `slots_r` of the slot cache and draws their first tokens.
 
@@ -280,7 +280,7 @@ def prefill(
     return _write_rows(cache, small, slots_r, lengths_r), tokens_r, logprobs_r, redone
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "temperature", "top_p"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
 def extend(
     params: dict,
     cache: LayerCaches,
@@ -292,8 +292,8 @@ def extend(
     base_key: jax.Array,
     *,
     cfg: ModelConfig,
-    temperature: float,
-    top_p: float,
+    temperature: jax.Array,
+    top_p: jax.Array,
 ) -> tuple[LayerCaches, jax.Array, jax.Array, jax.Array]:
     """Appends r suffixes to slots that hold their prefixes, and draws each row's next token.
 
@@ -311,7 +311,7 @@ def extend(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("cfg", "n_steps", "window", "temperature", "top_p"),
+    static_argnames=("cfg", "n_steps", "window"),
     donate_argnames=("cache",),
 )
 def decode(
@@ -324,8 +324,8 @@ def decode(
     cfg: ModelConfig,
     n_steps: int,
     window: int,
-    temperature: float,
-    top_p: float,
+    temperature: jax.Array,
+    top_p: jax.Array,
 ) -> tuple[LayerCaches, SlotState, DecodeOut]:
     """Up to n_steps decode steps of every slot in one call (stops early once every slot is idle).
 

@@ -57,20 +57,27 @@ def nucleus_logits(logits_bv: jax.Array, top_p: float) -> jax.Array:
 
 
 def sample(
-    keys_b: jax.Array, logits_bv: jax.Array, temperature: float, top_p: float
+    keys_b: jax.Array, logits_bv: jax.Array, temperature: float | jax.Array, top_p: float | jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row and its log-prob under the distribution it was drawn from (module docstring).
 
-    keys_b: [b] keys; logits_bv: [b, v] float32; temperature >= 0 and 0 < top_p <= 1 are static.
+    keys_b: [b] keys; logits_bv: [b, v] float32; temperature >= 0 and 0 < top_p <= 1, Python floats or
+    traced scalars. The sampler passes them traced, so that one compiled program serves greedy evaluation
+    and sampled rollouts; each branch (greedy or not, nucleus or not) runs only when taken.
     Returns (tokens [b] int32, logprobs [b] float32).
     """
     logits_bv = logits_bv.astype(jnp.float32)
-    if temperature == 0.0:
+    temperature = jnp.asarray(temperature, jnp.float32)
+    top_p = jnp.asarray(top_p, jnp.float32)
+
+    def greedy(logits_bv):
         return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32), jnp.zeros(logits_bv.shape[:1], jnp.float32)
-    scaled_bv = logits_bv / temperature if temperature != 1.0 else logits_bv
-    if top_p < 1.0:
-        scaled_bv = nucleus_logits(scaled_bv, top_p)
-    tokens_b = jax.vmap(jax.random.categorical)(keys_b, scaled_bv).astype(jnp.int32)
-    logp_bv = jax.nn.log_softmax(scaled_bv, axis=-1)
-    logprobs_b = jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0]
-    return tokens_b, logprobs_b
+
+    def drawn(logits_bv):
+        scaled_bv = logits_bv / temperature
+        scaled_bv = jax.lax.cond(top_p < 1.0, nucleus_logits, lambda x, _: x, scaled_bv, top_p)
+        tokens_b = jax.vmap(jax.random.categorical)(keys_b, scaled_bv).astype(jnp.int32)
+        logp_bv = jax.nn.log_softmax(scaled_bv, axis=-1)
+        return tokens_b, jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0]
+
+    return jax.lax.cond(temperature == 0.0, greedy, drawn, logits_bv)

@@ -139,6 +139,19 @@ def test_temperature_zero_is_argmax():
         assert out.logprobs == [0.0] * 8  # a point mass
 
 
+def test_greedy_and_sampled_share_compiled_programs():
+    from composer import sampler_device
+
+    prompts = _prompts([4, 11])
+    _sampler(temperature=0.0).generate(prompts, 8)
+    fns = (sampler_device.prefill, sampler_device.extend, sampler_device.decode)
+    compiled = [f._cache_size() for f in fns]
+    outs = _sampler(temperature=0.7, top_p=0.9).generate(prompts, 8)
+    # Temperature and top-p are traced: the sampled run compiled nothing new (EVAL is greedy, RL samples).
+    assert [f._cache_size() for f in fns] == compiled
+    assert any(lp < 0 for out in outs for lp in out.logprobs)  # and it did sample
+
+
 def test_tiny_top_p_is_greedy():
     logits = jax.random.normal(jax.random.key(4), (16, 64)) * 2
     keys = sampling.token_keys(jax.random.key(0), jnp.arange(16), jnp.zeros(16, jnp.int32))
