@@ -42,7 +42,7 @@ def token_keys(base_key: jax.Array, seed_b: jax.Array, index_b: jax.Array) -> ja
     return jax.vmap(one)(seed_b, index_b)
 
 
-def nucleus_logits(logits_bv: jax.Array, top_p: float) -> jax.Array:
+def nucleus_logits(logits_bv: jax.Array, top_p: float | jax.Array) -> jax.Array:
     """logits with every token outside the top-p nucleus set to -inf (the most probable token is always kept).
 
     A token j is in the nucleus iff the probability of the tokens strictly more probable than it is < p; a
