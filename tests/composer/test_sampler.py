@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from composer import model, sampling, train
+from composer import model, sampler_device, sampling, train
 from composer.model_config import ModelConfig
 from composer.sampler import Sampler
 
@@ -140,8 +140,6 @@ def test_temperature_zero_is_argmax():
 
 
 def test_greedy_and_sampled_share_compiled_programs():
-    from composer import sampler_device
-
     prompts = _prompts([4, 11])
     _sampler(temperature=0.0).generate(prompts, 8)
     fns = (sampler_device.prefill, sampler_device.extend, sampler_device.decode)
