@@ -23,6 +23,8 @@ _MASKED = -1e30
 
 # Query block of the cache-free path (training, scoring): see `attend_causal_blocks`.
 CAUSAL_BLOCK = 256
+# Key chunk of the cached path with several new tokens per row (prefill, extend): see `attend_key_chunks`.
+KEY_CHUNK = 256
 
 
 def attend_reference(
@@ -31,6 +33,8 @@ def attend_reference(
     """softmax(q k^T / sqrt(h) + mask) v in plain jnp; scores and softmax in float32."""
     b, t, n, h = q_btnh.shape
     s, g = k_bsgh.shape[1], k_bsgh.shape[2]
+    if t == 1:
+        return _attend_one_query(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b)
     q_btgrh = q_btnh.reshape(b, t, g, n // g, h)
     scores = jnp.einsum("btgrh,bsgh->bgrts", q_btgrh, k_bsgh, preferred_element_type=jnp.float32)
     scores = scores * h**-0.5
@@ -40,6 +44,36 @@ def attend_reference(
     probs = jax.nn.softmax(scores, axis=-1).astype(v_bsgh.dtype)
     o_btgrh = jnp.einsum("bgrts,bsgh->btgrh", probs, v_bsgh)
     return o_btgrh.reshape(b, t, n, h)
+
+
+def _attend_one_query(
+    q_b1nh: jax.Array, k_bsgh: jax.Array, v_bsgh: jax.Array, q_pos_b1: jax.Array, kv_len_b: jax.Array
+) -> jax.Array:
+    """attend_reference for one query per row (a decode step), as matmuls over the cache's own layout.
+
+    A dot over (b, g) batches needs s beside h, so XLA would first transpose the keys and the values (a
+    copy of the whole cache window, per layer and step). Instead the cache is read as [b, s, g*h] and
+    the queries form a block-diagonal [b, g*h, g*r] matrix (query head (g, r) has its h entries in rows
+    g*h ... g*h + h - 1, zeros elsewhere): the scores are one [s, g*h] @ [g*h, g*r] product per row and
+    the output one [g*r, s] @ [s, g*h] product, whose diagonal blocks are kept. That multiplies g times
+    as many entries (the zeros), which costs little: a decode step is bound by reading the cache, and
+    each cached entry is now read once, in place. Scores and softmax in float32.
+    """
+    b, _, n, h = q_b1nh.shape
+    s, g = k_bsgh.shape[1], k_bsgh.shape[2]
+    r = n // g
+    eye_gg = jnp.eye(g, dtype=k_bsgh.dtype)
+    q_bgrh = q_b1nh.reshape(b, g, r, h).astype(k_bsgh.dtype)
+    q_bce = jnp.einsum("bgrh,gk->bghkr", q_bgrh, eye_gg).reshape(b, g * h, g * r)
+    k_bsc = k_bsgh.reshape(b, s, g * h)
+    scores_bse = jnp.einsum("bsc,bce->bse", k_bsc, q_bce, preferred_element_type=jnp.float32) * h**-0.5
+    j_s = jnp.arange(s, dtype=jnp.int32)
+    visible_bs = (j_s <= q_pos_b1) & (j_s < kv_len_b[:, None])
+    scores_bse = jnp.where(visible_bs[:, :, None], scores_bse, _MASKED)
+    probs_bse = jax.nn.softmax(scores_bse, axis=1).astype(v_bsgh.dtype)
+    o_bec = jnp.einsum("bse,bsc->bec", probs_bse, v_bsgh.reshape(b, s, g * h))
+    o_bgrh = jnp.einsum("bgrkh,gk->bgrh", o_bec.reshape(b, g, r, g, h), eye_gg)
+    return o_bgrh.reshape(b, 1, n, h)
 
 
 def attend_causal_blocks(
@@ -70,6 +104,62 @@ def attend_causal_blocks(
             attend(q_btnh[:, q_rows], k_bsgh[:, :end], v_bsgh[:, :end], q_pos_bt[:, q_rows], kv_len_b)
         )
     return jnp.concatenate(outs, axis=1)
+
+
+def attend_key_chunks(
+    q_btnh: jax.Array,
+    k_bsgh: jax.Array,
+    v_bsgh: jax.Array,
+    q_pos_bt: jax.Array,
+    kv_len_b: jax.Array,
+    chunk: int = KEY_CHUNK,
+) -> jax.Array:
+    """attend_reference over a cache, `chunk` keys at a time, only as far as the call's longest row.
+
+    A cache is allocated for the longest sequence, so most of its entries are usually empty: the plain
+    computation scores and normalises every query against all s of them (for an extend of a few hundred
+    tokens against a 2240-entry cache, most of its time). Here a while loop walks the keys in chunks with
+    an online softmax (running max m, sum l and weighted values) and stops after the chunk holding entry
+    max(kv_len) - 1, so the work follows the lengths actually present, in one compiled program. The last
+    chunk starts at s - chunk (no padding copy of the cache); keys it shares with the previous one are
+    masked. Forward only (the loop's trip count is data-dependent): the sampler's path, not training's.
+    """
+    b, t, n, h = q_btnh.shape
+    s, g = k_bsgh.shape[1], k_bsgh.shape[2]
+    if s <= chunk:
+        return attend_reference(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b)
+    q_btgrh = q_btnh.reshape(b, t, g, n // g, h)
+    stat_shape = (b, g, n // g, t)
+    init = (
+        jnp.int32(0),
+        jnp.full(stat_shape, _MASKED, jnp.float32),  # running max of the scores
+        jnp.zeros(stat_shape, jnp.float32),  # running sum of exp(score - max)
+        jnp.zeros((*stat_shape, h), jnp.float32),  # running sum of exp(score - max) * value
+    )
+    n_chunks = (jnp.max(kv_len_b) + chunk - 1) // chunk
+
+    def body(carry):
+        i, m_bgrt, l_bgrt, acc_bgrth = carry
+        first = i * chunk
+        start = jnp.minimum(first, s - chunk)
+        k_bcgh = jax.lax.dynamic_slice_in_dim(k_bsgh, start, chunk, axis=1)
+        v_bcgh = jax.lax.dynamic_slice_in_dim(v_bsgh, start, chunk, axis=1)
+        scores = jnp.einsum("btgrh,bcgh->bgrtc", q_btgrh, k_bcgh, preferred_element_type=jnp.float32)
+        j_c = start + jnp.arange(chunk, dtype=jnp.int32)
+        visible_btc = (j_c <= q_pos_bt[:, :, None]) & (j_c < kv_len_b[:, None, None]) & (j_c >= first)
+        scores = jnp.where(visible_btc[:, None, None], scores * h**-0.5, _MASKED)
+        m_new = jnp.maximum(m_bgrt, jnp.max(scores, axis=-1))
+        p_bgrtc = jnp.exp(scores - m_new[..., None])
+        alpha = jnp.exp(m_bgrt - m_new)
+        pv = jnp.einsum(
+            "bgrtc,bcgh->bgrth", p_bgrtc.astype(v_bsgh.dtype), v_bcgh, preferred_element_type=jnp.float32
+        )
+        return i + 1, m_new, alpha * l_bgrt + jnp.sum(p_bgrtc, axis=-1), alpha[..., None] * acc_bgrth + pv
+
+    _, _, l_bgrt, acc_bgrth = jax.lax.while_loop(lambda c: c[0] < n_chunks, body, init)
+    # l >= 1 for a query that saw a key; a query that saw none (padding) gets 0, finite.
+    o_bgrth = acc_bgrth / jnp.maximum(l_bgrt, 1e-30)[..., None]
+    return jnp.einsum("bgrth->btgrh", o_bgrth).reshape(b, t, n, h).astype(v_bsgh.dtype)
 
 
 ATTENTION_IMPLS: dict[str, str | Callable] = {
@@ -129,6 +219,8 @@ def attention_layer(
         o_btnh = attend_causal_blocks(
             attend, q_btnh, keys_bsgh, values_bsgh, positions_bt, kv_len_b.astype(jnp.int32)
         )
+    elif cache is not None and attend is attend_reference and q_btnh.shape[1] > 1:
+        o_btnh = attend_key_chunks(q_btnh, keys_bsgh, values_bsgh, positions_bt, kv_len_b.astype(jnp.int32))
     else:
         o_btnh = attend(q_btnh, keys_bsgh, values_bsgh, positions_bt, kv_len_b.astype(jnp.int32))
     return jnp.einsum("btnh,nhd->btd", o_btnh.astype(dtype), p["wo"].astype(dtype)), cache

@@ -111,3 +111,20 @@ def test_plan_write_windows():
     np.testing.assert_array_equal(plan.src_bt[2, 1:], [0, 1])
     with pytest.raises(ValueError, match="do not fit"):
         kv_cache.plan_write(lengths, jnp.zeros((3, 9), jnp.int32), max_len=8)
+
+
+def test_one_token_write_touches_only_its_entries():
+    """A decode step's write (one token per row, a scatter): each row's entry at its position in the
+    given layer, nothing for a padding row, every other entry as it was."""
+    n_layers, b, s, g, h = 2, 3, 8, 2, 4
+    buf = jax.random.normal(jax.random.key(0), (n_layers, b, s, g, h))
+    new = jax.random.normal(jax.random.key(1), (b, 1, g, h))
+    positions = jnp.array([[3], [-1], [7]], jnp.int32)
+    plan = kv_cache.plan_write(jnp.array([3, 5, 7], jnp.int32), positions, max_len=s)
+    out, layer_view = jax.jit(kv_cache.write_layer)(buf, jnp.int32(1), new, plan)
+    want = np.array(buf)
+    want[1, 0, 3] = new[0, 0]
+    want[1, 2, 7] = new[2, 0]
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(layer_view, want[1])
+    np.testing.assert_array_equal(plan.lengths_b, [4, 5, 8])

@@ -1,6 +1,7 @@
 """The transformer: variants run, every parameter learns, counts, attention against a loop, registries."""
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -146,6 +147,44 @@ def test_reference_attention_equals_loop():
     visible = q_pos >= 0
     np.testing.assert_allclose(np.asarray(got)[visible], want[visible], atol=1e-5)
     assert np.isfinite(np.asarray(got)).all()
+
+
+@pytest.mark.parametrize("n, g", [(4, 2), (4, 4), (6, 1)])
+def test_one_query_attention_equals_loop(n, g):
+    # A decode step (one query per row) takes the block-diagonal path over the cache's own layout.
+    b, s, h = 4, 11, 8
+    q, k, v = _qkv(3, b, 1, s, n, g, h)
+    q_pos = np.array([[6], [0], [-1], [10]], np.int32)
+    kv_len = np.array([7, 1, 0, 11], np.int32)
+    got = jax.jit(attention.attend_reference)(q, k, v, jnp.asarray(q_pos), jnp.asarray(kv_len))
+    want = _attend_loop(q, k, v, q_pos, kv_len)
+    visible = q_pos >= 0
+    np.testing.assert_allclose(np.asarray(got)[visible], want[visible], atol=1e-5)
+    assert np.isfinite(np.asarray(got)).all()
+
+
+def test_key_chunks_equal_loop_and_stop_at_the_longest_row():
+    # Rows extending cached prefixes: several queries each, different lengths, a padding query, a row
+    # with nothing; s = 45 is not a multiple of the chunk, so the last chunk overlaps the one before.
+    b, t, s, n, g, h, chunk = 4, 3, 45, 4, 2, 8, 8
+    q, k, v = _qkv(4, b, t, s, n, g, h)
+    q_pos = np.array([[20, 21, 22], [3, 4, -1], [-1, -1, -1], [30, 31, 32]], np.int32)
+    kv_len = np.array([23, 5, 0, 33], np.int32)
+    args = (jnp.asarray(q_pos), jnp.asarray(kv_len))
+    fn = jax.jit(functools.partial(attention.attend_key_chunks, chunk=chunk))
+    got = np.asarray(fn(q, k, v, *args))
+    want = _attend_loop(q, k, v, q_pos, kv_len)
+    visible = q_pos >= 0
+    np.testing.assert_allclose(got[visible], want[visible], atol=1e-5)
+    assert np.isfinite(got).all()
+    # The loop reads chunks up to the one holding entry max(kv_len) - 1 = 32, i.e. entries [0, 40):
+    # NaN past them changes nothing, while NaN in entry 35 (masked, but read) does.
+    k_nan, v_nan = k.at[:, 40:].set(jnp.nan), v.at[:, 40:].set(jnp.nan)
+    np.testing.assert_array_equal(np.asarray(fn(q, k_nan, v_nan, *args)), got)
+    assert np.isnan(np.asarray(fn(q, k, v.at[:, 35].set(jnp.nan), *args))).any()
+    # The whole row fits in one chunk: the plain computation.
+    whole = np.asarray(attention.attend_key_chunks(q, k, v, *args, chunk=s))
+    np.testing.assert_allclose(whole[visible], got[visible], atol=1e-5)
 
 
 def test_causal_blocks_equal_full_attention_values_and_grads():
