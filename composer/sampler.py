@@ -20,8 +20,9 @@ they left is given to a new request when no free slot is blank, least recently u
 
 One `step()`:
   PREFILL  waiting requests (up to the free slots), grouped by prompt-length bucket, one padded call per
-           bucket (rows padded to a power of two, lengths to `prefill_buckets`, by default 32, 48, 64,
-           96, ...: at most 1.5x padding, few shapes to compile).
+           bucket (or per `max_rows` of its requests; rows padded to a power of two, lengths to
+           `prefill_buckets`, by default 32, 48, 64, 96, ...: at most 1.5x padding, few shapes to
+           compile).
            Each call prefills into a small cache, writes its rows into their slots of the slot cache
            (donated, written in place) and draws each request's first token from the logits at its
            last prompt position.
@@ -132,6 +133,7 @@ class Sampler:
         key: jax.Array,
         prefill_buckets: Sequence[int] | None = None,
         reuse_prefix: bool = True,
+        max_rows: int = 0,
     ):
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
@@ -157,6 +159,9 @@ class Sampler:
         self.slot_prefix: list[list[int] | None] = [None] * slots
         self.slot_left: list[int] = [0] * slots
         self.reuse_prefix = reuse_prefix  # False: every prompt is prefilled from scratch (for comparison)
+        # Rows of one PREFILL / EXTEND call at most (0: slots); a larger group takes several calls. Each
+        # (rows, width) pair is its own compiled program, so fewer row counts compile fewer programs.
+        self.max_rows = min(max_rows, slots) if max_rows > 0 else slots
         self._clock = 0
         self.waiting: deque[_Request] = deque()
         self.known: set[str] = set()
@@ -199,7 +204,8 @@ class Sampler:
             key = (self._bucket(len(req.prompt) - offset), offset > 0)
             groups.setdefault(key, []).append((slot, req, offset))
         for (width, _), group in sorted(groups.items()):
-            finished += self._prefill(width, group)
+            for i in range(0, len(group), self.max_rows):
+                finished += self._prefill(width, group[i : i + self.max_rows])
         if any(r is not None for r in self.slot_request):
             finished += self._decode()
         return finished
@@ -296,7 +302,7 @@ class Sampler:
     def _prefill(self, width: int, group: list[tuple[int, _Request, int]]) -> list[TurnOutput]:
         """PREFILL (every offset 0) or EXTEND (every offset > 0) of one group of (slot, request, offset)."""
         start = time.perf_counter()
-        rows = min(_pow2_at_least(len(group)), self.slots)
+        rows = min(_pow2_at_least(len(group)), self.max_rows)
         tokens = np.zeros((rows, width), np.int32)
         offsets = np.zeros(rows, np.int32)
         lengths = np.zeros(rows, np.int32)

@@ -292,6 +292,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.sampling.top_p = 1.0
     c.sampling.decode_slots = 16
     c.sampling.steps_per_call = 8  # decode steps per device call
+    # Rows of one prefill / extend call at most (0: decode_slots). On this CPU a row costs the same in a
+    # call of 4, 8 or 16 (an extend of 256 tokens: 46, 44, 46 ms a row; a prefill of 512: 77, 69, 70), and
+    # every (rows, width) pair compiles its own program (~3.3 s each; 9 of the 43 in a 40-task EVAL had 8
+    # or 16 rows).
+    c.sampling.max_prefill_rows = 4
     c.sampling.max_turn_tokens = 192  # the expert's longest turn at difficulty 1 is 166 tokens
     # Episodes alive at once in rollouts and evals (0: decode_slots). More than decode_slots keeps slots
     # busy while episodes wait on tools, but a returning episode then often finds its slot, and the
@@ -428,6 +433,7 @@ def _gpu(c: ConfigDict) -> None:
     c.rl.learning_rate = 1e-6
     c.sampling.decode_slots = 256
     c.sampling.steps_per_call = 32
+    c.sampling.max_prefill_rows = 0  # one call for every waiting request of a width: batching pays here
     c.sampling.max_turn_tokens = 2048
     c.env.n_workers = 16
     c.env.tool_schemas = "full"

@@ -96,6 +96,7 @@ def make_sampler(
         top_p=config.sampling.top_p,
         eos_id=eos_id,
         key=key,
+        max_rows=config.sampling.max_prefill_rows,
     )
 
 

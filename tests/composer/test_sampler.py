@@ -130,6 +130,26 @@ def test_continuous_batching_equals_one_at_a_time():
         assert got.stop == "eos" or len(got.token_ids) == n
 
 
+def test_max_rows_splits_a_group_into_calls_with_the_same_tokens():
+    prompts = _prompts([5, 9], seed=4)
+    outs, calls = {}, {}
+    for max_rows in (0, 1):
+        sampler = Sampler(
+            PARAMS, CFG, slots=2, max_len=MAX_LEN, steps_per_call=3, temperature=1.0, eos_id=None,
+            key=jax.random.key(1), prefill_buckets=(32, MAX_LEN), max_rows=max_rows,
+        )  # fmt: skip
+        for i, prompt in enumerate(prompts):
+            sampler.add(f"ep{i}@0", prompt, 6)
+        sampler.step()  # both prompts are in one width bucket: one call of 2 rows, or two of 1
+        calls[max_rows] = sampler.counters["prefill_calls"]
+        got = []
+        while sampler.pending():
+            got += sampler.step()
+        outs[max_rows] = sorted((o.request_id, o.token_ids) for o in got)
+    assert calls == {0: 1, 1: 2}
+    assert outs[1] == outs[0] and len(outs[0]) == 2
+
+
 def test_temperature_zero_is_argmax():
     prompts = _prompts([4, 11])
     outs = _sampler(temperature=0.0).generate(prompts, 8)
