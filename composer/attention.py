@@ -157,7 +157,8 @@ def attend_key_chunks(
         return i + 1, m_new, alpha * l_bgrt + jnp.sum(p_bgrtc, axis=-1), alpha[..., None] * acc_bgrth + pv
 
     _, _, l_bgrt, acc_bgrth = jax.lax.while_loop(lambda c: c[0] < n_chunks, body, init)
-    # l >= 1 for a query that saw a key; a query that saw none (padding) gets 0, finite.
+    # l >= 1 for a query that saw a key. One that saw none (padding) gets the mean of the values read,
+    # or 0 when no chunk was read: finite, and ignored, as attend_reference's uniform softmax is.
     o_bgrth = acc_bgrth / jnp.maximum(l_bgrt, 1e-30)[..., None]
     return jnp.einsum("bgrth->btgrh", o_bgrth).reshape(b, t, n, h).astype(v_bsgh.dtype)
 
