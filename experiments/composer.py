@@ -10,8 +10,8 @@ Variants, chosen by the argument after the colon:
   pipeline runs in a few minutes on any CPU and solves nothing. Used by the tests.
 - ``experiments/composer.py`` (no argument): the embedded default. A small MoE (3.9 M parameters in
   total, 1.5 M active per token), generated tasks, the CPU, no downloads. Target: under 30 minutes on a
-  2-core CPU (``--mode=info`` prints the counts); measured alone with an empty compilation cache: 37.7
-  minutes (DATA 6.3, SFT 11.7, EVAL 8.6, RL 5.4, EVAL 5.6).
+  2-core CPU (``--mode=info`` prints the counts); measured alone with an empty compilation cache: 35.3
+  minutes (DATA 6.9, SFT 12.0, EVAL 7.4, RL 4.6, EVAL 4.3).
 - ``experiments/composer.py:gpu``: one H200-class GPU, a model of real size (4.9 B parameters in total,
   0.9 B active per token), bf16 compute.
 
@@ -183,10 +183,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.rl.learning_rate = 1e-4
     # More steps are not yet better: see expert_corrections below (4 steps: 7 of 200; 12: 3 to 10). On the
     # two-family model above, 12 steps solved 116 again, 11 tasks lost and 11 gained.
-    # From the default's own SFT model (seed 0: 179 or 180 of 200 held-out, by EVAL), these 4 steps solved
+    # From the default's own SFT model (seed 0: 179 to 181 of 200 held-out, by EVAL), these 4 steps solved
     # 180 (2 lost, 2 gained; 181 before the sampler's temperature was traced), 181 (0 / 2) and 178 (2 / 1)
-    # with RL seeds 0, 1, 2: that model fails few of the train tasks it was trained on, so most groups carry
-    # no signal (one step in one seed updated nothing).
+    # with RL seeds 0, 1, 2; on the sampler with chunked attention, 180 from 181 (4 / 3) and 181 from 180
+    # (4 / 5): that model fails few of the train tasks it was trained on, so most groups carry no signal
+    # (one step in one seed updated nothing), and the flips are near-tied greedy episodes.
     c.rl.steps = 4
     c.rl.tasks_per_step = 4
     c.rl.group_size = 4
