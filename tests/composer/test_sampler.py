@@ -27,11 +27,11 @@ def _prompts(lengths, seed=0):
     return [rng.integers(0, CFG.vocab_size, n).tolist() for n in lengths]
 
 
-def _sampler(params=PARAMS, cfg=CFG, *, temperature=1.0, top_p=1.0, eos_id=None):
+def _sampler(params=PARAMS, cfg=CFG, *, temperature=1.0, top_p=1.0, eos_id=None, max_rows=0):
     # One shape for every test (2 slots, 3 steps per call, two prefill buckets) keeps the compiles few.
     return Sampler(
         params, cfg, slots=2, max_len=MAX_LEN, steps_per_call=3, temperature=temperature, top_p=top_p,
-        eos_id=eos_id, key=jax.random.key(1), prefill_buckets=(32, MAX_LEN),
+        eos_id=eos_id, key=jax.random.key(1), prefill_buckets=(32, MAX_LEN), max_rows=max_rows,
     )  # fmt: skip
 
 
@@ -134,10 +134,7 @@ def test_max_rows_splits_a_group_into_calls_with_the_same_tokens():
     prompts = _prompts([5, 9], seed=4)
     outs, calls = {}, {}
     for max_rows in (0, 1):
-        sampler = Sampler(
-            PARAMS, CFG, slots=2, max_len=MAX_LEN, steps_per_call=3, temperature=1.0, eos_id=None,
-            key=jax.random.key(1), prefill_buckets=(32, MAX_LEN), max_rows=max_rows,
-        )  # fmt: skip
+        sampler = _sampler(max_rows=max_rows)
         for i, prompt in enumerate(prompts):
             sampler.add(f"ep{i}@0", prompt, 6)
         sampler.step()  # both prompts are in one width bucket: one call of 2 rows, or two of 1
