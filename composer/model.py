@@ -95,6 +95,57 @@ def forward(
     cfg.copy_loss_coef > 0 also pointer_logp and pointer_ok [b, t] (copy_head.pointer_logprob of the
     token after each position).
     """
+    x_btd, logits_btv, cache, aux = _trunk(params, tokens_bt, positions_bt, cfg, cache)
+    positions_bt = positions_bt.astype(jnp.int32)
+    if cfg.copy_head_dim > 0:
+        if cache is not None:
+            # The sampler (composer/sampler_device.py) keeps the head's keys and tokens in its own cache.
+            raise ValueError("model.forward runs the copy head without a cache only")
+        out = copy_head.mix_uncached(
+            params["copy"],
+            x_btd,
+            logits_btv,
+            tokens_bt,
+            positions_bt,
+            cfg.copy_head_lines,
+            with_pointer=cfg.copy_loss_coef > 0,
+        )
+        if cfg.copy_loss_coef > 0:
+            logits_btv, (aux["pointer_logp"], aux["pointer_ok"]) = out
+        else:
+            logits_btv = out
+    return logits_btv, cache, aux
+
+
+def next_token_logprobs(
+    params: dict, tokens_bt: jax.Array, positions_bt: jax.Array, cfg: ModelConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """log p(tokens[b, i] | tokens[b, :i]) [b, t] (0 at i = 0) at temperature 1, and `forward`'s aux.
+
+    Equal to gathering `forward`'s log-softmax at each next token, without the [b, t, v] distribution
+    where the copy head would build it (`copy_head.next_token_logprob_uncached`): what a loss on the data's
+    own tokens (SFT) needs. No cache.
+    """
+    x_btd, logits_btv, _, aux = _trunk(params, tokens_bt, positions_bt, cfg, None)
+    if cfg.copy_head_dim > 0:
+        logp_bt, pointer = copy_head.next_token_logprob_uncached(
+            params["copy"], x_btd, logits_btv, tokens_bt, positions_bt.astype(jnp.int32), cfg.copy_head_lines
+        )
+        if cfg.copy_loss_coef > 0:
+            aux["pointer_logp"], aux["pointer_ok"] = pointer
+    else:
+        logp_btv = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
+        logp_bt = jnp.take_along_axis(logp_btv[:, :-1], tokens_bt[:, 1:, None], axis=-1)[..., 0]
+        logp_bt = jnp.concatenate([logp_bt, jnp.zeros_like(logp_bt[:, :1])], axis=1)
+    # Query-aligned (index i scores token i + 1) -> target-aligned (index i scores token i).
+    return jnp.concatenate([jnp.zeros_like(logp_bt[:, :1]), logp_bt[:, :-1]], axis=1), aux
+
+
+def _trunk(
+    params: dict, tokens_bt: jax.Array, positions_bt: jax.Array, cfg: ModelConfig, cache: KVCache | None
+) -> tuple[jax.Array, jax.Array, KVCache | None, dict[str, jax.Array]]:
+    """Everything before the copy head: (final normed hidden states, vocabulary logits float32, cache,
+    aux with the MoE losses and, with cfg.value_head, values)."""
     dtype = cfg.compute_jnp_dtype
     positions_bt = positions_bt.astype(jnp.int32)
     # mode='clip': an out-of-range id (e.g. -1 used as padding) must not become a NaN row (jnp.take's
@@ -118,28 +169,11 @@ def forward(
     x_btd = layers.rms_norm(x_btd, params["final_norm"], cfg.rms_eps)
     w_dv = params["embed"].T if cfg.tie_embeddings else params["unembed"]
     logits_btv = jnp.einsum("btd,dv->btv", x_btd, w_dv.astype(dtype), preferred_element_type=jnp.float32)
-    if cfg.copy_head_dim > 0:
-        if cache is not None:
-            # The sampler (composer/sampler_device.py) keeps the head's keys and tokens in its own cache.
-            raise ValueError("model.forward runs the copy head without a cache only")
-        out = copy_head.mix_uncached(
-            params["copy"],
-            x_btd,
-            logits_btv,
-            tokens_bt,
-            positions_bt,
-            cfg.copy_head_lines,
-            with_pointer=cfg.copy_loss_coef > 0,
-        )
-        if cfg.copy_loss_coef > 0:
-            logits_btv, (aux["pointer_logp"], aux["pointer_ok"]) = out
-        else:
-            logits_btv = out
     if cfg.value_head:
         head = params["value_head"]
         values = jnp.einsum("btd,d->bt", x_btd, head["w"].astype(dtype), preferred_element_type=jnp.float32)
         aux["values"] = values + head["b"].astype(jnp.float32)
-    return logits_btv, cache, aux
+    return x_btd, logits_btv, cache, aux
 
 
 def param_counts(cfg: ModelConfig) -> tuple[int, int]:

@@ -96,7 +96,8 @@ def sft_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: None = Non
     Returns (differentiable total, {name: MaskedSum}); 'loss' holds the count that grads are divided by.
     """
     del hp
-    logp, _, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg)
+    # The data's own next tokens only: no [b, t, v] distribution (`model.next_token_logprobs`).
+    logp, aux = model.next_token_logprobs(params, batch["tokens"], batch["positions"], cfg)
     mask = batch["loss_mask"].astype(jnp.float32)
     count = mask.sum()
     nll = losses.MaskedSum(-(logp * mask).sum(), count)

@@ -281,3 +281,62 @@ def test_the_pointer_loss_trains_the_pointer_where_the_gate_is_closed():
     assert "pointer_loss" not in sums_plain
     # From the second repeat on every target follows an earlier copy of the same token.
     assert float(sums_on["pointer_loss"].count) >= 7 and float(sums_on["pointer_loss"].total) > 0
+
+
+@pytest.mark.parametrize("copy_head_dim", [0, 8])
+def test_next_token_logprobs_equal_the_full_distribution_at_the_next_tokens(copy_head_dim):
+    """model.next_token_logprobs (SFT's loss, no [b, t, v] copy distribution) against gathering forward's
+    log-softmax at each next token: values, the pointer's own log-probs, and gradients, on rows of chat
+    tokens with every copy-head term on, padding, and a row of padding only."""
+    from composer import train
+
+    cfg = ModelConfig(
+        vocab_size=16,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=8,
+        copy_head_dim=copy_head_dim,
+        copy_head_ngram=2,
+        copy_head_recency=True,
+        copy_head_lines=LINES,
+        copy_loss_coef=0.5,
+    )
+    params = model.init(jax.random.key(3), cfg)
+    rng = np.random.default_rng(1)
+    rows = [_chat_row(rng, 4) for _ in range(3)]
+    t = max(len(r) for r in rows) + 2
+    tokens = np.zeros((4, t), np.int32)
+    positions = np.full((4, t), -1, np.int32)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+        positions[i, : len(r)] = np.arange(len(r))
+    tokens, positions = jnp.asarray(tokens), jnp.asarray(positions)
+    weights = jnp.asarray(rng.random((4, t)) * (np.asarray(positions) > 0), jnp.float32)
+
+    def full(p):
+        logp, _, aux = train.token_logprobs(p, tokens, positions, cfg)
+        return (logp * weights).sum(), (logp, aux)
+
+    def targets(p):
+        logp, aux = model.next_token_logprobs(p, tokens, positions, cfg)
+        return (logp * weights).sum(), (logp, aux)
+
+    (_, (want, want_aux)), want_grads = jax.value_and_grad(full, has_aux=True)(params)
+    (_, (got, got_aux)), got_grads = jax.value_and_grad(targets, has_aux=True)(params)
+    real = np.asarray(positions) > 0
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=1e-5, atol=1e-5)
+    assert np.all(np.asarray(got)[:, 0] == 0)
+    if copy_head_dim:
+        ok = np.asarray(want_aux["pointer_ok"])
+        np.testing.assert_array_equal(np.asarray(got_aux["pointer_ok"]), ok)
+        np.testing.assert_allclose(
+            np.asarray(got_aux["pointer_logp"])[ok],
+            np.asarray(want_aux["pointer_logp"])[ok],
+            rtol=1e-5,
+            atol=1e-5,
+        )
+        assert ok.sum() > 10  # the rows repeat tokens, so many targets are copyable
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got_grads), jax.tree.leaves(want_grads)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5, err_msg=str(path))
