@@ -150,10 +150,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # of 8 stayed at 2.0 (this model, this CPU); a from-scratch model needs updates more than tokens.
     c.sft.steps = 300
     c.sft.batch_size = 2
-    # Distinct trajectories beat repeated ones: at 300 steps of 2, 600 trajectories seen once against 200
-    # seen three times took the held-out edit turns' new_string from 11.4 to 8.6 nats (teacher-forced,
-    # 50 tasks), for about 4 more minutes of DATA.
-    c.sft.n_trajectories = 600
+    # Distinct trajectories beat repeated ones: at 300 steps of 2, 600 trajectories against 200 took the
+    # held-out edit turns' new_string from 11.4 to 8.6 nats (teacher-forced, 50 tasks). Batches were then
+    # drawn at random each step, so those 600 steps' draws saw 374 distinct trajectories of the 600; they
+    # now go through the data in epochs (composer/pipeline/sft.py:batch_indices), and 400 trajectories,
+    # each seen once or twice, are as many distinct ones for 200 fewer expert episodes in DATA (~1.7 min).
+    c.sft.n_trajectories = 400
     # Loss weight of the tokens of the expert's edit turn (1: no extra weight). At 4 the default model's
     # greedy edit from the expert's reads was right in 2 of 50 held-out tasks (3 at 1) and 3 of 40 train
     # tasks (1 at 1): no gain at this size, so off.

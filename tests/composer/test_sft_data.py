@@ -76,3 +76,26 @@ def test_change_weight_leaves_turns_without_an_edit_alone():
         if k != 1:
             np.testing.assert_array_equal(weighted["loss_mask"][s:e], plain["loss_mask"][s:e])
     assert (weighted["loss_mask"] > plain["loss_mask"]).sum() >= 1
+
+
+def test_batch_indices_see_every_sequence_once_an_epoch_in_length_neighbours():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1500, 2200, 203)
+    per_epoch = 203 // 2
+    epochs = [[sft.batch_indices(lengths, 2, 7, step) for step in range(e * per_epoch, (e + 1) * per_epoch)]
+              for e in range(2)]  # fmt: skip
+    for batches in epochs:
+        seen = np.concatenate(batches)
+        assert len(set(seen.tolist())) == len(seen) == 2 * per_epoch  # no repeat within an epoch
+    # Each epoch has its own order, and the step alone decides a batch (a resumed run draws the same).
+    assert [b.tolist() for b in epochs[0]] != [b.tolist() for b in epochs[1]]
+    np.testing.assert_array_equal(sft.batch_indices(lengths, 2, 7, per_epoch + 5), epochs[1][5])
+    # Pairs of neighbours by length: far less padding than random pairs.
+    spread = np.mean([np.ptp(lengths[b]) for b in epochs[0]])
+    random_pairs = np.mean([np.ptp(lengths[rng.choice(203, 2, replace=False)]) for _ in range(1000)])
+    assert spread < random_pairs / 5, (spread, random_pairs)
+    # ... in a random order: batch lengths do not rise through the epoch.
+    firsts = np.array([lengths[b].min() for b in epochs[0]])
+    assert abs(np.corrcoef(np.arange(len(firsts)), firsts)[0, 1]) < 0.3
+    # Fewer sequences than a batch: every batch repeats some.
+    assert sorted(set(sft.batch_indices(lengths[:1], 2, 7, 3).tolist())) == [0]
