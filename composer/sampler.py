@@ -13,7 +13,8 @@ leaves and a waiting request takes the slot at the next `step()`. An episode tha
 results is a new request whose prompt is its whole token stream. Prefix reuse: a free slot remembers the
 tokens whose keys and values it still holds (the finished turn's prompt and tokens), and a request whose
 prompt extends them takes that slot and computes only the new tokens (EXTEND below); otherwise the prompt
-is prefilled again from scratch (rebuild by prefill). Episodes waiting on tools reserve nothing: a slot
+is prefilled again, from the end of the last whole message it shares with the slot it is given (a new
+episode's system message), or from scratch. Episodes waiting on tools reserve nothing: a slot
 they left is given to a new request when no free slot is blank, least recently used first. New params
 (`update_params`) forget every remembered prefix. `stats()` counts the reused tokens and
 `prefill_share` is the share of wall time spent on prompts.
@@ -282,10 +283,29 @@ class Sampler:
             free.discard(match)
             out.append((match, req, len(self.slot_prefix[match])))
         order = sorted(free, key=lambda s: (self.slot_prefix[s] is not None, self.slot_left[s]))
-        out += [(slot, req, 0) for slot, req in zip(order, rest)]
+        out += [(slot, req, self._shared_messages(slot, req.prompt)) for slot, req in zip(order, rest)]
         for slot, _, _ in out:
             self.slot_prefix[slot] = None
         return out
+
+    def _shared_messages(self, slot: int, prompt: list[int]) -> int:
+        """How many leading tokens of `prompt` the slot already holds as whole messages: the longest prefix
+        it shares with the slot's remembered one, cut after its last `eos_id` (0: none, or no eos_id).
+
+        A new episode's prompt shares the system message with whatever conversation the slot held, so it
+        extends from there instead of being prefilled whole (on the CPU default, ~150 of ~590 tokens).
+        The cut at a message's end keeps this exact for the copy head: a cached key's line term looks
+        ahead to the end of its line, which lies inside its own (finished) message.
+        """
+        held = self.slot_prefix[slot]
+        if held is None or self.eos_id < 0:
+            return 0
+        m = min(len(held), len(prompt) - 1)  # at least one token of the prompt runs
+        a, b = np.asarray(held[:m]), np.asarray(prompt[:m])
+        differ = np.flatnonzero(a != b)
+        shared = b[: differ[0] if len(differ) else m]
+        ends = np.flatnonzero(shared == self.eos_id)
+        return int(ends[-1]) + 1 if len(ends) else 0
 
     def _finish(self, slot: int | None, req: _Request) -> TurnOutput:
         if slot is not None:

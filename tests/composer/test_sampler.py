@@ -375,3 +375,25 @@ def test_line_key_logprobs_equal_forward_through_prefill_decode_and_extend():
 
 def _without_line_keys(params):
     return {**params, "copy": {k: v for k, v in params["copy"].items() if k != "w_k_line"}}
+
+
+def test_a_new_episode_extends_from_the_messages_it_shares_with_its_slot():
+    """A prompt that shares whole messages with a slot's remembered conversation (a new episode's system
+    message) extends from the end of the last one; its tokens and log-probs equal a prefill from scratch
+    and the learner's forward, line keys included."""
+    system = _message(USER, _context(21, 12))
+    turn = [IM_START, ASSISTANT, NL]
+    firsts = [system + _message(USER, _context(22 + i, 8 + i)) + turn for i in range(2)]
+    sampler = _sampler(LINE_PARAMS, LINE_CFG, eos_id=IM_END)
+    sampler.generate(firsts, 4, request_ids=["a@0", "c@0"])  # both slots now remember a conversation
+    assert sampler.stats()["extend_calls"] == 0
+    # It shares the system message and the next message's first mark with each slot: only whole messages
+    # count, so it extends from the system message's end.
+    prompt = system + [IM_START, USER, *_context(30, 11), IM_END, NL] + turn
+    new = sampler.generate([prompt], 6, request_ids=["b@0"])[0]
+    stats = sampler.stats()
+    assert stats["extend_calls"] == 1 and stats["reused_tokens"] == len(system) - 1  # up to its IM_END
+    alone = _sampler(LINE_PARAMS, LINE_CFG, eos_id=IM_END).generate([prompt], 6, request_ids=["b@0"])[0]
+    assert new.token_ids == alone.token_ids
+    np.testing.assert_allclose(new.logprobs, alone.logprobs, atol=1e-5)
+    _assert_logprobs_match(LINE_PARAMS, LINE_CFG, prompt, new)
