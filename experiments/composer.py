@@ -152,10 +152,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.sft.batch_size = 2
     # Distinct trajectories beat repeated ones: at 300 steps of 2, 600 trajectories against 200 took the
     # held-out edit turns' new_string from 11.4 to 8.6 nats (teacher-forced, 50 tasks). Batches were then
-    # drawn at random each step, so those 600 steps' draws saw 374 distinct trajectories of the 600; they
-    # now go through the data in epochs (composer/pipeline/sft.py:batch_indices), and 400 trajectories,
-    # each seen once or twice, are as many distinct ones for 200 fewer expert episodes in DATA (~1.7 min).
-    c.sft.n_trajectories = 400
+    # drawn at random each step, so the 600 draws saw 374 distinct trajectories; SFT now goes through the
+    # data in epochs (composer/pipeline/sft.py:batch_indices): 300 steps of 2 see each of the 600 once.
+    # 400 trajectories (each seen once or twice, 1.5 minutes less DATA) gave an SFT model that solved 122
+    # of 200 held-out tasks (its tokenizer, trained on the trajectories, differed in 35 tokens), where
+    # this one's earlier runs solved 179-181: one run each, not enough to tell why.
+    c.sft.n_trajectories = 600
     # Loss weight of the tokens of the expert's edit turn (1: no extra weight). At 4 the default model's
     # greedy edit from the expert's reads was right in 2 of 50 held-out tasks (3 at 1) and 3 of 40 train
     # tasks (1 at 1): no gain at this size, so off.
