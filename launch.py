@@ -13,7 +13,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from composer import distributed, run
+from composer import distributed, run, xla_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file[:variant].", lock_config=True
@@ -47,4 +47,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    xla_flags.apply()  # before anything starts JAX's backend
     app.run(main, flags_parser=_parse)

@@ -5,7 +5,9 @@
 Measured as the peer's harness (../shared/peers/tunix/decode_bench.py) measures: the wall time of one call
 that prefills the batch and generates N new tokens per row (here `Sampler.generate`, which returns host
 lists), after a warm-up call that compiles; tokens/s = batch * N / median wall time. Every row generates
-exactly N tokens (the peer forbids EOS; here eos_id is None).
+exactly N tokens (the peer forbids EOS; here eos_id is None). Ours runs with the project's XLA flags
+(composer/xla_flags.py, as launch.py sets them); the peer with the environment this script was given. The
+JSON records both (xla_flags, peer_xla_flags).
 
 (1) peer_shape: the peer's default model and workload: 4 layers, d_model 256, 4 heads of 64 (4 kv heads),
     8 experts top-2, expert FFN 512, vocab 512, float32, rope theta 1e6, qk-norm; batch 8, prompt 32,
@@ -35,6 +37,7 @@ The last line is one JSON object: {"peer_shape": {"tokens_per_s", ["peer_tokens_
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -48,11 +51,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from composer import model  # noqa: E402
+from composer import model, xla_flags  # noqa: E402
 from composer.model_config import ModelConfig  # noqa: E402
 from composer.sampler import Sampler  # noqa: E402
 from experiments.composer import get_config  # noqa: E402
 
+# The peer runs in the environment this script was started with; ours with the project's XLA flags
+# (composer/xla_flags.py, as launch.py sets them), added before anything starts JAX's backend.
+PEER_ENV = dict(os.environ)
+xla_flags.apply()
 PEER_DIR = ROOT.parent / "shared" / "peers" / "tunix"
 PEER_SHAPE = ModelConfig(
     vocab_size=512, d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=64, qk_norm="head",
@@ -131,7 +138,9 @@ def bench_peer_harness(python: Path, repeats: int) -> dict:
         out = Path(tmp) / "peer.json"
         cmd = [str(python), "decode_bench.py", "--repeats", str(repeats), "--no-prefill-breakdown"]
         cmd += ["--json", str(out)]
-        subprocess.run(cmd, cwd=PEER_DIR, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            cmd, cwd=PEER_DIR, env=PEER_ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         return json.loads(out.read_text())
 
 
@@ -187,7 +196,7 @@ def bench_paired(python: Path | None, pairs: int) -> dict:
         args = [str(python), "-c", PEER_DRIVER, str(PEER_DIR), str(batch), str(prompt_len), str(new)]
         with tempfile.TemporaryFile("w+") as log:
             peer = subprocess.Popen(
-                args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+                args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=PEER_ENV
             )
             try:
                 if peer.stdout.readline().strip() != "ready":
@@ -332,6 +341,9 @@ def main() -> None:
             f"not run: no interpreter at {args.peer_python} (pass --install-peer or --peer-python)"
         )
         print(f"[peer shape] ours {shape['tokens_per_s']} tok/s; the peer was not run", file=sys.stderr)
+    shape["xla_flags"] = os.environ["XLA_FLAGS"]
+    if have_peer:
+        shape["peer_xla_flags"] = PEER_ENV.get("XLA_FLAGS", "")
     result = {"peer_shape": shape}
     if not args.skip_default:
         result["default"] = bench_default(args.repeats)
