@@ -25,8 +25,11 @@ One `step()`:
            `prefill_buckets`, by default 32, 48, 64, 96, ...: at most 1.5x padding, few shapes to
            compile).
            Each call prefills into a small cache, writes its rows into their slots of the slot cache
-           (donated, written in place) and draws each request's first token from the logits at its
-           last prompt position.
+           (donated, written in place) and returns the logits at each row's last prompt position; a
+           small separate call (`draw`) samples each request's first token from them.
+  SHARED   requests of one step with the same prompt (the members of an RL group) run it once: the
+           others get a copy of its slot's row (`copy_rows`) and draw their first tokens, each with its
+           own key, from its logits (`stats()['shared_prompts']`).
   EXTEND   the same for requests that reuse a slot's prefix: only the new tokens run, at their positions,
            attending to the slot's cached keys and values (`extend`).
   DECODE   `steps_per_call` decode steps in ONE device call (lax.while_loop, no host round trip per
@@ -62,7 +65,9 @@ from composer import sampling
 from composer.model_config import ModelConfig
 from composer.sampler_device import (
     SlotState,
+    copy_rows,
     decode,
+    draw,
     extend,
     init_layer_caches,
     prefill,
@@ -171,7 +176,7 @@ class Sampler:
             (
                 "tokens_generated", "decode_tokens", "decode_slot_steps", "decode_steps", "decode_calls",
                 "prefill_tokens", "prefill_padded_tokens", "prefill_calls", "turns",
-                "reused_tokens", "extend_calls",
+                "reused_tokens", "extend_calls", "shared_prompts",
                 "moe_passes", "moe_redone",
             ),
             0,
@@ -200,13 +205,20 @@ class Sampler:
         finished: list[TurnOutput] = []
         free = [s for s in range(self.slots) if self.slot_request[s] is None]
         take = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        leaders, followers = self._split_shared(take)
+        assigned = self._assign(free, leaders)
         groups: dict[tuple[int, bool], list[tuple[int, _Request, int]]] = {}
-        for slot, req, offset in self._assign(free, take):
+        for slot, req, offset in assigned:
             key = (self._bucket(len(req.prompt) - offset), offset > 0)
             groups.setdefault(key, []).append((slot, req, offset))
+        logits: dict[str, tuple[int, np.ndarray]] = {}  # leader request id -> (its slot, next-token logits)
         for (width, _), group in sorted(groups.items()):
             for i in range(0, len(group), self.max_rows):
-                finished += self._prefill(width, group[i : i + self.max_rows])
+                finished += self._prefill(width, group[i : i + self.max_rows], logits)
+        if followers:
+            spare = [s for s in free if s not in {slot for slot, _, _ in assigned}]
+            spare.sort(key=lambda s: (self.slot_prefix[s] is not None, self.slot_left[s]))
+            finished += self._share(list(zip(spare, followers, strict=False)), logits)
         if any(r is not None for r in self.slot_request):
             finished += self._decode()
         return finished
@@ -261,6 +273,22 @@ class Sampler:
 
     def _bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
+
+    def _split_shared(self, take: list[_Request]) -> tuple[list[_Request], list[tuple[_Request, str]]]:
+        """(leaders, followers): a request whose prompt equals an earlier one's in `take` follows it
+        (the request and its leader's id); it will copy the leader's prefilled row and draw from its
+        logits instead of computing the prompt again (the members of an RL group). All are leaders when
+        prefix reuse is off."""
+        if not self.reuse_prefix:
+            return take, []
+        leaders, followers, first = [], [], {}
+        for req in take:
+            lead = first.setdefault(tuple(req.prompt), req)
+            if lead is req:
+                leaders.append(req)
+            else:
+                followers.append((req, lead.request_id))
+        return leaders, followers
 
     def _assign(self, free: list[int], take: list[_Request]) -> list[tuple[int, _Request, int]]:
         """(slot, request, offset) for each request: a free slot whose remembered prefix the prompt extends
@@ -319,8 +347,12 @@ class Sampler:
         stop = "eos" if req.tokens[-1] == self.eos_id else "length"
         return TurnOutput(req.request_id, req.tokens, req.logprobs, stop)
 
-    def _prefill(self, width: int, group: list[tuple[int, _Request, int]]) -> list[TurnOutput]:
-        """PREFILL (every offset 0) or EXTEND (every offset > 0) of one group of (slot, request, offset)."""
+    def _prefill(
+        self, width: int, group: list[tuple[int, _Request, int]], logits: dict[str, tuple[int, np.ndarray]]
+    ) -> list[TurnOutput]:
+        """PREFILL (every offset 0) or EXTEND (every offset > 0) of one group of (slot, request, offset),
+        then each request's first token (`draw`). Records (slot, next-token logits) in `logits` by request
+        id, for the requests that share its prompt (`_share`)."""
         start = time.perf_counter()
         rows = min(_pow2_at_least(len(group)), self.max_rows)
         tokens = np.zeros((rows, width), np.int32)
@@ -332,21 +364,64 @@ class Sampler:
             suffix = req.prompt[offset:]
             tokens[i, : len(suffix)] = suffix
             offsets[i], lengths[i], slots[i], seeds[i] = offset, len(suffix), slot, req.seed
-        kwargs = dict(cfg=self.cfg, **self._sampling)
         if group[0][2] > 0:
-            self.cache, first, logp, redone = extend(
-                self.params, self.cache, tokens, offsets, lengths, slots, seeds, self.key, **kwargs
+            self.cache, logits_rv, redone = extend(
+                self.params, self.cache, tokens, offsets, lengths, slots, cfg=self.cfg
             )
             self.counters["extend_calls"] += 1
             self.counters["reused_tokens"] += int(offsets.sum())
         else:
-            self.cache, first, logp, redone = prefill(
-                self.params, self.cache, tokens, lengths, slots, seeds, self.key, **kwargs
+            self.cache, logits_rv, redone = prefill(
+                self.params, self.cache, tokens, lengths, slots, cfg=self.cfg
             )
-        first, logp, redone = jax.device_get((first, logp, redone))
+        first, logp = draw(self.key, seeds, logits_rv, **self._sampling)
+        first, logp, redone, logits_rv = jax.device_get((first, logp, redone, logits_rv))
+        for i, (slot, req, _) in enumerate(group):
+            logits[req.request_id] = (slot, logits_rv[i])
+        finished = self._start([(slot, req) for slot, req, _ in group], first, logp)
+        c = self.counters
+        c["prefill_calls"] += 1
+        c["moe_passes"] += self.n_moe_layers
+        c["moe_redone"] += int(redone)
+        c["prefill_tokens"] += int(lengths.sum())
+        c["prefill_padded_tokens"] += rows * width
+        self.times["prefill_s"] += time.perf_counter() - start
+        return finished
+
+    def _share(
+        self, pairs: list[tuple[int, tuple[_Request, str]]], logits: dict[str, tuple[int, np.ndarray]]
+    ) -> list[TurnOutput]:
+        """Followers (slot, (request, leader id)): each slot gets a copy of its leader's cache row (the
+        prompt's keys and values), and each request its first token drawn from the leader's logits with
+        its own key: what a prefill of its own would give, for the price of a copy."""
+        start = time.perf_counter()
+        n = len(pairs)
+        rows = _pow2_at_least(n)
+        src = np.zeros(rows, np.int32)
+        dst = np.full(rows, self.slots, np.int32)  # out of range: padding rows are dropped
+        seeds = np.zeros(rows, np.int32)
+        logits_rv = np.zeros((rows, self.cfg.vocab_size), np.float32)
+        for i, (slot, (req, lead)) in enumerate(pairs):
+            src[i], logits_rv[i] = logits[lead]
+            dst[i], seeds[i] = slot, req.seed
+        self.cache = copy_rows(self.cache, src, dst)
+        first, logp = jax.device_get(draw(self.key, seeds, logits_rv, **self._sampling))
+        for slot, _ in pairs:
+            self.slot_prefix[slot] = None
+        finished = self._start([(slot, req) for slot, (req, _) in pairs], first, logp)
+        self.counters["shared_prompts"] += n
+        self.counters["reused_tokens"] += sum(len(req.prompt) for _, (req, _) in pairs)
+        self.times["prefill_s"] += time.perf_counter() - start
+        return finished
+
+    def _start(
+        self, placed: list[tuple[int, _Request]], first: np.ndarray, logp: np.ndarray
+    ) -> list[TurnOutput]:
+        """Records each placed request's first token; one that is already done (eos, or one token asked)
+        finishes, the others take their slots for DECODE. Returns the finished turns."""
         finished = []
         st = self.state
-        for i, (slot, req, _) in enumerate(group):
+        for i, (slot, req) in enumerate(placed):
             req.tokens.append(int(first[i]))
             req.logprobs.append(float(logp[i]))
             if req.tokens[-1] == self.eos_id or req.max_new == 1:
@@ -355,14 +430,7 @@ class Sampler:
             self.slot_request[slot] = req
             st.token_b[slot], st.position_b[slot], st.index_b[slot] = first[i], len(req.prompt), 1
             st.max_new_b[slot], st.seed_b[slot] = req.max_new, req.seed
-        c = self.counters
-        c["prefill_calls"] += 1
-        c["moe_passes"] += self.n_moe_layers
-        c["moe_redone"] += int(redone)
-        c["prefill_tokens"] += int(lengths.sum())
-        c["prefill_padded_tokens"] += rows * width
-        c["tokens_generated"] += len(group)
-        self.times["prefill_s"] += time.perf_counter() - start
+        self.counters["tokens_generated"] += len(placed)
         return finished
 
     def _decode(self) -> list[TurnOutput]:

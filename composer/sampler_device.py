@@ -215,15 +215,11 @@ def _run_rows(
     tokens_rt: jax.Array,
     offsets_r: jax.Array,
     lengths_r: jax.Array,
-    seeds_r: jax.Array,
-    base_key: jax.Array,
     cfg: ModelConfig,
-    temperature: jax.Array,
-    top_p: jax.Array,
-) -> tuple[LayerCaches, jax.Array, jax.Array, jax.Array]:
+) -> tuple[LayerCaches, jax.Array, jax.Array]:
     """Row i's lengths_r[i] tokens at positions offsets_r[i] + j over `rows` (which hold positions
-    [0, offsets_r[i])), then each row's next token drawn from the logits at its last new position.
-    Returns (rows, tokens [r], log-probs [r], MoE layers that ran a second pass)."""
+    [0, offsets_r[i])). Returns (rows, the logits at each row's last new position [r, v] float32, MoE
+    layers that ran a second pass)."""
     t = tokens_rt.shape[1]
     t_idx = jnp.arange(t, dtype=jnp.int32)
     positions_rt = jnp.where(t_idx[None, :] < lengths_r[:, None], offsets_r[:, None] + t_idx[None, :], -1)
@@ -231,9 +227,7 @@ def _run_rows(
     logits_r1v, rows, redone = forward_unstacked(
         params, tokens_rt, positions_rt, cfg, rows, PREFILL_CAPACITY, last_r
     )
-    keys_r = sampling.token_keys(base_key, seeds_r, jnp.zeros_like(seeds_r))
-    tokens_r, logprobs_r = sampling.sample(keys_r, logits_r1v[:, 0], temperature, top_p)
-    return rows, tokens_r, logprobs_r, redone
+    return rows, logits_r1v[:, 0], redone
 
 
 def _write_rows(
@@ -258,26 +252,21 @@ def prefill(
     tokens_rt: jax.Array,
     lengths_r: jax.Array,
     slots_r: jax.Array,
-    seeds_r: jax.Array,
-    base_key: jax.Array,
     *,
     cfg: ModelConfig,
-    temperature: jax.Array,
-    top_p: jax.Array,
-) -> tuple[LayerCaches, jax.Array, jax.Array, jax.Array]:
-    """Prefills r prompts into slots `slots_r` of the slot cache and draws their first tokens.
+) -> tuple[LayerCaches, jax.Array, jax.Array]:
+    """Prefills r prompts into slots `slots_r` of the slot cache.
 
     tokens_rt: int32 [r, t], row i's prompt in its first lengths_r[i] entries; rows with slot index >= the
     cache's batch (padding rows, lengths 0) are computed but not written. Returns (cache with the rows'
-    keys/values at positions [0, t) and lengths set, first tokens [r], their log-probs [r], the number
-    of MoE layers that ran a second, full-capacity pass).
+    keys/values at positions [0, t) and lengths set, the logits of each prompt's next token [r, v] float32
+    (`draw` samples them), the number of MoE layers that ran a second, full-capacity pass).
     """
     r, t = tokens_rt.shape
-    small, tokens_r, logprobs_r, redone = _run_rows(
-        params, init_layer_caches(cfg, r, t), tokens_rt, jnp.zeros_like(lengths_r), lengths_r, seeds_r,
-        base_key, cfg, temperature, top_p,
-    )  # fmt: skip
-    return _write_rows(cache, small, slots_r, lengths_r), tokens_r, logprobs_r, redone
+    small, logits_rv, redone = _run_rows(
+        params, init_layer_caches(cfg, r, t), tokens_rt, jnp.zeros_like(lengths_r), lengths_r, cfg
+    )
+    return _write_rows(cache, small, slots_r, lengths_r), logits_rv, redone
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
@@ -288,25 +277,45 @@ def extend(
     offsets_r: jax.Array,
     lengths_r: jax.Array,
     slots_r: jax.Array,
-    seeds_r: jax.Array,
-    base_key: jax.Array,
     *,
     cfg: ModelConfig,
-    temperature: jax.Array,
-    top_p: jax.Array,
-) -> tuple[LayerCaches, jax.Array, jax.Array, jax.Array]:
-    """Appends r suffixes to slots that hold their prefixes, and draws each row's next token.
+) -> tuple[LayerCaches, jax.Array, jax.Array]:
+    """Appends r suffixes to slots that hold their prefixes.
 
     Slot slots_r[i] holds keys/values of positions [0, offsets_r[i]); row i's lengths_r[i] tokens
     (tokens_rt[i, :lengths_r[i]]) go to positions offsets_r[i] + j, attending to that prefix and to each
     other causally. Padding rows (slot index >= the cache's batch, length 0) are computed, not written.
-    Returns as prefill: (cache, next tokens [r], their log-probs [r], MoE layers that ran a second pass).
+    Returns as prefill: (cache, next-token logits [r, v], MoE layers that ran a second pass).
     """
     rows = cache.map(lambda x: jnp.take(x, slots_r, axis=1, mode="clip"), lengths=offsets_r)
-    rows, tokens_r, logprobs_r, redone = _run_rows(
-        params, rows, tokens_rt, offsets_r, lengths_r, seeds_r, base_key, cfg, temperature, top_p
+    rows, logits_rv, redone = _run_rows(params, rows, tokens_rt, offsets_r, lengths_r, cfg)
+    return _write_rows(cache, rows, slots_r, offsets_r + lengths_r), logits_rv, redone
+
+
+@jax.jit
+def draw(
+    base_key: jax.Array, seeds_r: jax.Array, logits_rv: jax.Array, temperature: jax.Array, top_p: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The first token of r turns, drawn from their prompts' next-token logits [r, v] with the keys of
+    index 0 of requests seeds_r. Returns (tokens [r] int32, log-probs [r] float32).
+
+    Apart from prefill and extend, which then compile no sampling (a program per (rows, width); this one
+    per row count), and so that turns with the same prompt draw from one prefill's logits (the sampler's
+    shared prompts)."""
+    keys_r = sampling.token_keys(base_key, seeds_r, jnp.zeros_like(seeds_r))
+    return sampling.sample(keys_r, logits_rv, temperature, top_p)
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def copy_rows(cache: LayerCaches, src_r: jax.Array, dst_r: jax.Array) -> LayerCaches:
+    """`cache` with slot src_r[i]'s whole row (every buffer, and its length) copied to slot dst_r[i]; an
+    out-of-range destination (a padding row) is dropped. Turns with one prompt share its prefill so."""
+    return LayerCaches(
+        k=tuple(x.at[:, dst_r].set(x[:, src_r], mode="drop") for x in cache.k),
+        v=tuple(x.at[:, dst_r].set(x[:, src_r], mode="drop") for x in cache.v),
+        lengths=cache.lengths.at[dst_r].set(cache.lengths[src_r], mode="drop"),
+        extra=tuple(x.at[:, dst_r].set(x[:, src_r], mode="drop") for x in cache.extra),
     )
-    return _write_rows(cache, rows, slots_r, offsets_r + lengths_r), tokens_r, logprobs_r, redone
 
 
 @functools.partial(

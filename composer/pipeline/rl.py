@@ -396,7 +396,7 @@ def run(
     batch: list[list] = []
     step, version = meta["step"], meta["version"]
     dropped_this_step = 0
-    reused_before = 0  # the sampler's reused-token count at the last LOG (the metric is per step)
+    before = {"reused_tokens": 0, "shared_prompts": 0}  # the sampler's counts at the last LOG (per step)
     t_phase = time.time()
     with rollouts.pool(config) as pool, tqdm(total=rl.steps, initial=step, desc="RL", unit="step") as bar:
         groups = iter_groups(
@@ -502,7 +502,8 @@ def run(
                 **_search_metrics(search_rewards, search_s),
                 rollout_s=rollout_s,
                 **{k: sampler_stats[k] for k in ("occupancy", "tokens_per_s", "prefill_share")},
-                reused_tokens=sampler_stats["reused_tokens"] - reused_before,
+                reused_tokens=sampler_stats["reused_tokens"] - before["reused_tokens"],
+                shared_prompts=sampler_stats["shared_prompts"] - before["shared_prompts"],
                 **{k: float(v) for k, v in counts.items()},
                 **{f"pool_{k}": v for k, v in pool.metrics().items()},
             )
@@ -518,7 +519,7 @@ def run(
             ckpt.save(step, learner.state, dict(meta), force=step == rl.steps)
             batch = []
             dropped_this_step = 0
-            reused_before = sampler_stats["reused_tokens"]
+            before = sampler_stats
             counts = collections.Counter({k: v for k, v in counts.items() if k.startswith("groups_dropped")})
             t_rollout = time.time()
             if step >= rl.steps:

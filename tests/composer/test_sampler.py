@@ -130,6 +130,31 @@ def test_continuous_batching_equals_one_at_a_time():
         assert got.stop == "eos" or len(got.token_ids) == n
 
 
+def _check_shared_prompt(params, cfg, prompt, other):
+    # An RL group: several turns with one prompt. The first is prefilled; a second one taken in the same
+    # step copies its row and draws from its logits with its own key; each draws what it would alone.
+    ids, prompts = ["g0@0", "g1@0", "g2@0", "x@0"], [prompt, prompt, prompt, other]
+    sampler = _sampler(params, cfg)  # 2 slots: g0 and g1 start together, g2 and x after them
+    for rid, p in zip(ids, prompts):
+        sampler.add(rid, p, 9)
+    outs = {}
+    while sampler.pending():
+        outs.update((o.request_id, o) for o in sampler.step())
+    stats = sampler.stats()
+    assert stats["shared_prompts"] == 1
+    assert stats["prefill_tokens"] == 2 * len(prompt) + len(other)  # g1's prompt never ran
+    for rid, p in zip(ids, prompts):
+        alone = _sampler(params, cfg).generate([p], 9, request_ids=[rid])[0]
+        assert outs[rid].token_ids == alone.token_ids, rid
+        np.testing.assert_allclose(outs[rid].logprobs, alone.logprobs, atol=1e-5)
+        _assert_logprobs_match(params, cfg, p, outs[rid])
+    assert outs["g0@0"].token_ids != outs["g1@0"].token_ids  # their own keys
+
+
+def test_requests_with_one_prompt_share_its_prefill():
+    _check_shared_prompt(PARAMS, CFG, *_prompts([13, 7], seed=8))
+
+
 def test_max_rows_splits_a_group_into_calls_with_the_same_tokens():
     prompts = _prompts([5, 9], seed=4)
     outs, calls = {}, {}
@@ -159,7 +184,7 @@ def test_temperature_zero_is_argmax():
 def test_greedy_and_sampled_share_compiled_programs():
     prompts = _prompts([4, 11])
     _sampler(temperature=0.0).generate(prompts, 8)
-    fns = (sampler_device.prefill, sampler_device.extend, sampler_device.decode)
+    fns = (sampler_device.prefill, sampler_device.extend, sampler_device.decode, sampler_device.draw)
     compiled = [f._cache_size() for f in fns]
     outs = _sampler(temperature=0.7, top_p=0.9).generate(prompts, 8)
     # Temperature and top-p are traced: the sampled run compiled nothing new (EVAL is greedy, RL samples).
@@ -328,6 +353,12 @@ def test_copy_head_continuous_batching_equals_one_at_a_time():
         alone = _sampler(COPY_PARAMS, COPY_CFG).generate([prompt], 7, request_ids=[rid])[0]
         assert outs[rid].token_ids == alone.token_ids
         np.testing.assert_allclose(outs[rid].logprobs, alone.logprobs, atol=1e-5)
+
+
+def test_copy_head_requests_with_one_prompt_share_its_prefill():
+    # The head's own cache (keys and tokens) is copied with the row.
+    prompt, other = (p * 2 for p in _prompts([6, 4], seed=12))
+    _check_shared_prompt(COPY_PARAMS, COPY_CFG, prompt, other)
 
 
 # Line keys (copy_head.line_ends): keys of context lines see the line's end. The sampler computes them
