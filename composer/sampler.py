@@ -27,9 +27,11 @@ One `step()`:
            Each call prefills into a small cache, writes its rows into their slots of the slot cache
            (donated, written in place) and returns the logits at each row's last prompt position; a
            small separate call (`draw`) samples each request's first token from them.
-  SHARED   requests of one step with the same prompt (the members of an RL group) run it once: the
-           others get a copy of its slot's row (`copy_rows`) and draw their first tokens, each with its
-           own key, from its logits (`stats()['shared_prompts']`).
+  SHARED   a request whose prompt a slot holds (a turn with that prompt was prefilled there and the
+           slot has not been given to another prompt since), or that an earlier request of the same
+           step brings, is not computed again (the members of an RL group): it gets a copy of that
+           slot's row (`copy_rows`; none when it takes that slot itself) and draws its first token, with
+           its own key, from the logits stored with the prompt (`stats()['shared_prompts']`).
   EXTEND   the same for requests that reuse a slot's prefix: only the new tokens run, at their positions,
            attending to the slot's cached keys and values (`extend`).
   DECODE   `steps_per_call` decode steps in ONE device call (lax.while_loop, no host round trip per
@@ -164,6 +166,9 @@ class Sampler:
         # when it was left (least recently used goes first to a request that reuses nothing).
         self.slot_prefix: list[list[int] | None] = [None] * slots
         self.slot_left: list[int] = [0] * slots
+        # The prompt whose keys and values a slot holds at [0, len) and its next-token logits, from the
+        # turn prefilled there (generating or done since) until the slot is given to another prompt.
+        self.slot_prompt: list[tuple[tuple[int, ...], np.ndarray] | None] = [None] * slots
         self.reuse_prefix = reuse_prefix  # False: every prompt is prefilled from scratch (for comparison)
         # Rows of one PREFILL / EXTEND call at most (0: slots); a larger group takes several calls. Each
         # (rows, width) pair is its own compiled program, so fewer row counts compile fewer programs.
@@ -205,20 +210,32 @@ class Sampler:
         finished: list[TurnOutput] = []
         free = [s for s in range(self.slots) if self.slot_request[s] is None]
         take = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
-        leaders, followers = self._split_shared(take)
+        leaders, held, followers = self._split_shared(take)
         assigned = self._assign(free, leaders)
+        used = {slot for slot, _, _ in assigned}
+        spare = sorted(
+            (s for s in free if s not in used),
+            key=lambda s: (self.slot_prefix[s] is not None, self.slot_left[s]),
+        )
+        if held:  # before any prefill of this step writes a slot they copy from
+            placed = []
+            for req, source, entry in held:  # a free source slot is taken by the request itself
+                slot = source if source in spare else spare[0]
+                spare.remove(slot)
+                placed.append((slot, req, source, entry))
+            finished += self._share(placed)
         groups: dict[tuple[int, bool], list[tuple[int, _Request, int]]] = {}
         for slot, req, offset in assigned:
             key = (self._bucket(len(req.prompt) - offset), offset > 0)
             groups.setdefault(key, []).append((slot, req, offset))
-        logits: dict[str, tuple[int, np.ndarray]] = {}  # leader request id -> (its slot, next-token logits)
         for (width, _), group in sorted(groups.items()):
             for i in range(0, len(group), self.max_rows):
-                finished += self._prefill(width, group[i : i + self.max_rows], logits)
+                finished += self._prefill(width, group[i : i + self.max_rows])
         if followers:
-            spare = [s for s in free if s not in {slot for slot, _, _ in assigned}]
-            spare.sort(key=lambda s: (self.slot_prefix[s] is not None, self.slot_left[s]))
-            finished += self._share(list(zip(spare, followers, strict=False)), logits)
+            by_id = {req.request_id: slot for slot, req, _ in assigned}
+            finished += self._share(
+                [(spare.pop(0), req, by_id[lead], self.slot_prompt[by_id[lead]]) for req, lead in followers]
+            )
         if any(r is not None for r in self.slot_request):
             finished += self._decode()
         return finished
@@ -234,6 +251,7 @@ class Sampler:
         computed by the old ones, so they are forgotten."""
         self.params, self.version = unstack_layers(params), int(version)
         self.slot_prefix = [None] * self.slots
+        self.slot_prompt = [None] * self.slots
 
     def generate(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, request_ids: Sequence[str] | None = None
@@ -274,21 +292,28 @@ class Sampler:
     def _bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
-    def _split_shared(self, take: list[_Request]) -> tuple[list[_Request], list[tuple[_Request, str]]]:
-        """(leaders, followers): a request whose prompt equals an earlier one's in `take` follows it
-        (the request and its leader's id); it will copy the leader's prefilled row and draw from its
-        logits instead of computing the prompt again (the members of an RL group). All are leaders when
-        prefix reuse is off."""
+    def _split_shared(
+        self, take: list[_Request]
+    ) -> tuple[list[_Request], list[tuple], list[tuple[_Request, str]]]:
+        """(leaders, held, followers) of `take`. A request whose prompt some slot holds (`slot_prompt`: a
+        turn with that prompt was prefilled there, generating or done since) is held: (request, that
+        slot, its slot_prompt entry). One whose prompt equals an earlier leader's in `take` follows it:
+        (request, leader id). Both copy a row and draw from stored logits instead of computing the prompt
+        again (the members of an RL group). All are leaders when prefix reuse is off."""
         if not self.reuse_prefix:
-            return take, []
-        leaders, followers, first = [], [], {}
+            return take, [], []
+        holder = {entry[0]: s for s, entry in enumerate(self.slot_prompt) if entry is not None}
+        leaders, held, followers, first = [], [], [], {}
         for req in take:
-            lead = first.setdefault(tuple(req.prompt), req)
-            if lead is req:
-                leaders.append(req)
+            key = tuple(req.prompt)
+            if key in holder:
+                held.append((req, holder[key], self.slot_prompt[holder[key]]))
+            elif key in first:
+                followers.append((req, first[key]))
             else:
-                followers.append((req, lead.request_id))
-        return leaders, followers
+                first[key] = req.request_id
+                leaders.append(req)
+        return leaders, held, followers
 
     def _assign(self, free: list[int], take: list[_Request]) -> list[tuple[int, _Request, int]]:
         """(slot, request, offset) for each request: a free slot whose remembered prefix the prompt extends
@@ -313,7 +338,7 @@ class Sampler:
         order = sorted(free, key=lambda s: (self.slot_prefix[s] is not None, self.slot_left[s]))
         out += [(slot, req, self._shared_messages(slot, req.prompt)) for slot, req in zip(order, rest)]
         for slot, _, _ in out:
-            self.slot_prefix[slot] = None
+            self.slot_prefix[slot] = self.slot_prompt[slot] = None
         return out
 
     def _shared_messages(self, slot: int, prompt: list[int]) -> int:
@@ -347,12 +372,10 @@ class Sampler:
         stop = "eos" if req.tokens[-1] == self.eos_id else "length"
         return TurnOutput(req.request_id, req.tokens, req.logprobs, stop)
 
-    def _prefill(
-        self, width: int, group: list[tuple[int, _Request, int]], logits: dict[str, tuple[int, np.ndarray]]
-    ) -> list[TurnOutput]:
+    def _prefill(self, width: int, group: list[tuple[int, _Request, int]]) -> list[TurnOutput]:
         """PREFILL (every offset 0) or EXTEND (every offset > 0) of one group of (slot, request, offset),
-        then each request's first token (`draw`). Records (slot, next-token logits) in `logits` by request
-        id, for the requests that share its prompt (`_share`)."""
+        then each request's first token (`draw`). Each slot remembers the prompt it now holds and its
+        next-token logits (`slot_prompt`), for requests with the same prompt (`_share`)."""
         start = time.perf_counter()
         rows = min(_pow2_at_least(len(group)), self.max_rows)
         tokens = np.zeros((rows, width), np.int32)
@@ -377,7 +400,7 @@ class Sampler:
         first, logp = draw(self.key, seeds, logits_rv, **self._sampling)
         first, logp, redone, logits_rv = jax.device_get((first, logp, redone, logits_rv))
         for i, (slot, req, _) in enumerate(group):
-            logits[req.request_id] = (slot, logits_rv[i])
+            self.slot_prompt[slot] = (tuple(req.prompt), logits_rv[i])
         finished = self._start([(slot, req) for slot, req, _ in group], first, logp)
         c = self.counters
         c["prefill_calls"] += 1
@@ -388,29 +411,29 @@ class Sampler:
         self.times["prefill_s"] += time.perf_counter() - start
         return finished
 
-    def _share(
-        self, pairs: list[tuple[int, tuple[_Request, str]]], logits: dict[str, tuple[int, np.ndarray]]
-    ) -> list[TurnOutput]:
-        """Followers (slot, (request, leader id)): each slot gets a copy of its leader's cache row (the
-        prompt's keys and values), and each request its first token drawn from the leader's logits with
-        its own key: what a prefill of its own would give, for the price of a copy."""
+    def _share(self, placed: list[tuple[int, _Request, int, tuple]]) -> list[TurnOutput]:
+        """(slot, request, source slot, the source's slot_prompt entry): each slot gets a copy of the
+        source's row, which holds the request's prompt, and each request its first token drawn from the
+        logits stored with it, with its own key: what a prefill of its own would give, for the price of a
+        copy (none when the source is the slot itself)."""
         start = time.perf_counter()
-        n = len(pairs)
+        n = len(placed)
         rows = _pow2_at_least(n)
         src = np.zeros(rows, np.int32)
         dst = np.full(rows, self.slots, np.int32)  # out of range: padding rows are dropped
+        lengths = np.zeros(rows, np.int32)
         seeds = np.zeros(rows, np.int32)
         logits_rv = np.zeros((rows, self.cfg.vocab_size), np.float32)
-        for i, (slot, (req, lead)) in enumerate(pairs):
-            src[i], logits_rv[i] = logits[lead]
-            dst[i], seeds[i] = slot, req.seed
-        self.cache = copy_rows(self.cache, src, dst)
+        for i, (slot, req, source, entry) in enumerate(placed):
+            src[i], dst[i], lengths[i], seeds[i] = source, slot, len(req.prompt), req.seed
+            logits_rv[i] = entry[1]
+        self.cache = copy_rows(self.cache, src, dst, lengths)
         first, logp = jax.device_get(draw(self.key, seeds, logits_rv, **self._sampling))
-        for slot, _ in pairs:
-            self.slot_prefix[slot] = None
-        finished = self._start([(slot, req) for slot, (req, _) in pairs], first, logp)
+        for slot, _, _, entry in placed:
+            self.slot_prefix[slot], self.slot_prompt[slot] = None, entry
+        finished = self._start([(slot, req) for slot, req, _, _ in placed], first, logp)
         self.counters["shared_prompts"] += n
-        self.counters["reused_tokens"] += sum(len(req.prompt) for _, (req, _) in pairs)
+        self.counters["reused_tokens"] += int(lengths.sum())
         self.times["prefill_s"] += time.perf_counter() - start
         return finished
 

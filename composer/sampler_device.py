@@ -307,14 +307,21 @@ def draw(
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
-def copy_rows(cache: LayerCaches, src_r: jax.Array, dst_r: jax.Array) -> LayerCaches:
-    """`cache` with slot src_r[i]'s whole row (every buffer, and its length) copied to slot dst_r[i]; an
-    out-of-range destination (a padding row) is dropped. Turns with one prompt share its prefill so."""
+def copy_rows(cache: LayerCaches, src_r: jax.Array, dst_r: jax.Array, lengths_r: jax.Array) -> LayerCaches:
+    """`cache` with slot src_r[i]'s whole row (every buffer) copied to slot dst_r[i], whose length becomes
+    lengths_r[i]; an out-of-range destination (a padding row) is dropped. Every row is read before any is
+    written, so a destination may be another row's source. Turns with one prompt share its prefill so:
+    the entries past the prompt's length that come along are never attended (each is written before a
+    query reaches it)."""
+
+    def copy(x):
+        return x.at[:, dst_r].set(x[:, src_r], mode="drop")
+
     return LayerCaches(
-        k=tuple(x.at[:, dst_r].set(x[:, src_r], mode="drop") for x in cache.k),
-        v=tuple(x.at[:, dst_r].set(x[:, src_r], mode="drop") for x in cache.v),
-        lengths=cache.lengths.at[dst_r].set(cache.lengths[src_r], mode="drop"),
-        extra=tuple(x.at[:, dst_r].set(x[:, src_r], mode="drop") for x in cache.extra),
+        k=tuple(copy(x) for x in cache.k),
+        v=tuple(copy(x) for x in cache.v),
+        lengths=cache.lengths.at[dst_r].set(lengths_r, mode="drop"),
+        extra=tuple(copy(x) for x in cache.extra),
     )
 
 

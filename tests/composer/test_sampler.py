@@ -131,24 +131,54 @@ def test_continuous_batching_equals_one_at_a_time():
 
 
 def _check_shared_prompt(params, cfg, prompt, other):
-    # An RL group: several turns with one prompt. The first is prefilled; a second one taken in the same
-    # step copies its row and draws from its logits with its own key; each draws what it would alone.
-    ids, prompts = ["g0@0", "g1@0", "g2@0", "x@0"], [prompt, prompt, prompt, other]
-    sampler = _sampler(params, cfg)  # 2 slots: g0 and g1 start together, g2 and x after them
-    for rid, p in zip(ids, prompts):
-        sampler.add(rid, p, 9)
-    outs = {}
+    # An RL group: turns with one prompt. The first is prefilled; one taken in the same step copies its row
+    # and draws from its logits with its own key, and so do later ones, from a slot that still holds the
+    # prompt: a finished turn's (g3), a generating one's (g2). Each draws what it would alone.
+    sampler = _sampler(params, cfg)  # 2 slots
+    outs, log = {}, []
+
+    def step():
+        for o in sampler.step():
+            outs[o.request_id] = o
+            log.append(o.request_id)
+
+    sampler.add("g0@0", prompt, 9)
+    sampler.add("x@0", other, 2)  # ends in the first decode call, while g0 generates
+    step()
+    assert log == ["x@0"]
+    sampler.add("g1@0", prompt, 9)
+    sampler.add("g2@0", prompt, 5)
+    step()  # g1 takes x's slot, copying g0's row while g0 generates
+    assert sampler.stats()["shared_prompts"] == 1
     while sampler.pending():
-        outs.update((o.request_id, o) for o in sampler.step())
+        step()
+    sampler.add("g3@0", prompt, 6)  # from a done turn's slot (no copy: it takes that slot)
+    while sampler.pending():
+        step()
     stats = sampler.stats()
-    assert stats["shared_prompts"] == 1
-    assert stats["prefill_tokens"] == 2 * len(prompt) + len(other)  # g1's prompt never ran
-    for rid, p in zip(ids, prompts):
-        alone = _sampler(params, cfg).generate([p], 9, request_ids=[rid])[0]
+    assert stats["shared_prompts"] == 3
+    assert stats["prefill_tokens"] == len(prompt) + len(other)  # the prompt ran once
+    for rid, p, n in [("g0@0", prompt, 9), ("x@0", other, 2), ("g1@0", prompt, 9), ("g2@0", prompt, 5),
+                      ("g3@0", prompt, 6)]:  # fmt: skip
+        alone = _sampler(params, cfg).generate([p], n, request_ids=[rid])[0]
         assert outs[rid].token_ids == alone.token_ids, rid
         np.testing.assert_allclose(outs[rid].logprobs, alone.logprobs, atol=1e-5)
         _assert_logprobs_match(params, cfg, p, outs[rid])
     assert outs["g0@0"].token_ids != outs["g1@0"].token_ids  # their own keys
+
+
+def test_requests_with_one_prompt_in_one_step_share_its_prefill():
+    prompt, other = _prompts([13, 7], seed=8)
+    sampler = _sampler()
+    for rid, p in [("a@0", prompt), ("b@0", prompt), ("c@0", other)]:
+        sampler.add(rid, p, 4)
+    outs = {}
+    while sampler.pending():
+        outs.update((o.request_id, o) for o in sampler.step())
+    assert sampler.stats()["shared_prompts"] == 1  # b followed a in the first step
+    for rid, p in [("a@0", prompt), ("b@0", prompt), ("c@0", other)]:
+        alone = _sampler().generate([p], 4, request_ids=[rid])[0]
+        assert outs[rid].token_ids == alone.token_ids, rid
 
 
 def test_requests_with_one_prompt_share_its_prefill():
