@@ -213,10 +213,7 @@ class Sampler:
         leaders, held, followers = self._split_shared(take)
         assigned = self._assign(free, leaders)
         used = {slot for slot, _, _ in assigned}
-        spare = sorted(
-            (s for s in free if s not in used),
-            key=lambda s: (self.slot_prefix[s] is not None, self.slot_left[s]),
-        )
+        spare = self._blank_then_lru([s for s in free if s not in used])
         if held:  # before any prefill of this step writes a slot they copy from
             placed = []
             for req, source, entry in held:  # a free source slot is taken by the request itself
@@ -335,11 +332,16 @@ class Sampler:
                 continue
             free.discard(match)
             out.append((match, req, len(self.slot_prefix[match])))
-        order = sorted(free, key=lambda s: (self.slot_prefix[s] is not None, self.slot_left[s]))
+        order = self._blank_then_lru(free)
         out += [(slot, req, self._shared_messages(slot, req.prompt)) for slot, req in zip(order, rest)]
         for slot, _, _ in out:
             self.slot_prefix[slot] = self.slot_prompt[slot] = None
         return out
+
+    def _blank_then_lru(self, slots) -> list[int]:
+        """`slots` in the order a request that reuses nothing takes them: blank ones (no remembered prefix)
+        first, then the least recently left."""
+        return sorted(slots, key=lambda s: (self.slot_prefix[s] is not None, self.slot_left[s]))
 
     def _shared_messages(self, slot: int, prompt: list[int]) -> int:
         """How many leading tokens of `prompt` the slot already holds as whole messages: the longest prefix
