@@ -10,8 +10,9 @@ Variants, chosen by the argument after the colon:
   pipeline runs in a few minutes on any CPU and solves nothing. Used by the tests.
 - ``experiments/composer.py`` (no argument): the embedded default. A small MoE (3.9 M parameters in
   total, 1.5 M active per token), generated tasks, the CPU, no downloads. Target: under 30 minutes on a
-  2-core CPU (``--mode=info`` prints the counts); measured alone with an empty compilation cache: 31.9
-  minutes (DATA 6.5, SFT 8.7, EVAL 7.2, RL 5.0, EVAL 4.4).
+  2-core CPU (``--mode=info`` prints the counts); measured alone with an empty compilation cache: 29.1
+  minutes (DATA 6.3, SFT 8.3, EVAL 6.4, RL 4.3, EVAL 3.8; an earlier commit's run, without the shared
+  prompts held in slots, 31.9: runs of one code differ by about a minute on this machine).
 - ``experiments/composer.py:gpu``: one H200-class GPU, a model of real size (4.9 B parameters in total,
   0.9 B active per token), bf16 compute.
 
@@ -196,7 +197,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # 154 (2 lost, 10 gained, sign test p 0.04) and, in the clean default run, 148 (3 / 5, p 0.73): RL's
     # rollouts depend on timing (which episodes finish first), so two runs from one model differ. With
     # XLA:CPU's own emitters (composer/xla_flags.py: other float rounding) the SFT model solved 123 (61.5%)
-    # and these 4 steps 130 (2 / 9, p 0.065).
+    # and these 4 steps 130 (2 / 9, p 0.065), in both runs of that model.
     c.rl.steps = 4
     c.rl.tasks_per_step = 4
     c.rl.group_size = 4
