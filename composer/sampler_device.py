@@ -317,12 +317,7 @@ def copy_rows(cache: LayerCaches, src_r: jax.Array, dst_r: jax.Array, lengths_r:
     def copy(x):
         return x.at[:, dst_r].set(x[:, src_r], mode="drop")
 
-    return LayerCaches(
-        k=tuple(copy(x) for x in cache.k),
-        v=tuple(copy(x) for x in cache.v),
-        lengths=cache.lengths.at[dst_r].set(lengths_r, mode="drop"),
-        extra=tuple(copy(x) for x in cache.extra),
-    )
+    return cache.map(copy, lengths=cache.lengths.at[dst_r].set(lengths_r, mode="drop"))
 
 
 @functools.partial(
