@@ -1,13 +1,15 @@
 """Decode tokens/s of the sampler, beside the peer (google-tunix 0.1.7's Qwen3-MoE Sampler) on this machine.
 
     python benchmarks/decode.py [--pairs 8] [--repeats 5] [--peer-python PATH] [--install-peer]
+                                [--peer-with-our-flags]
 
 Measured as the peer's harness (../shared/peers/tunix/decode_bench.py) measures: the wall time of one call
 that prefills the batch and generates N new tokens per row (here `Sampler.generate`, which returns host
 lists), after a warm-up call that compiles; tokens/s = batch * N / median wall time. Every row generates
 exactly N tokens (the peer forbids EOS; here eos_id is None). Ours runs with the project's XLA flags
-(composer/xla_flags.py, as launch.py sets them); the peer with the environment this script was given. The
-JSON records both (xla_flags, peer_xla_flags).
+(composer/xla_flags.py, as launch.py sets them); the peer with the environment this script was given, or
+with our flags too (--peer-with-our-flags: they make the peer faster as well). The JSON records both
+(xla_flags, peer_xla_flags).
 
 (1) peer_shape: the peer's default model and workload: 4 layers, d_model 256, 4 heads of 64 (4 kv heads),
     8 experts top-2, expert FFN 512, vocab 512, float32, rope theta 1e6, qk-norm; batch 8, prompt 32,
@@ -314,11 +316,18 @@ def main() -> None:
     p.add_argument("--peer-python", type=Path, default=PEER_DIR / ".venv-tunix" / "bin" / "python")
     p.add_argument("--install-peer", action="store_true", help="create the peer's venv if it is missing")
     p.add_argument("--skip-harness", action="store_true", help="do not also run the peer's decode_bench.py")
+    p.add_argument(
+        "--peer-with-our-flags",
+        action="store_true",
+        help="run the peer with the project's XLA flags too (they speed it up as well on this CPU)",
+    )
     p.add_argument("--skip-default", action="store_true")
     p.add_argument("--skip-rebuild", action="store_true")
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--turns", type=int, default=3)
     args = p.parse_args()
+    if args.peer_with_our_flags:
+        PEER_ENV["XLA_FLAGS"] = os.environ["XLA_FLAGS"]
 
     have_peer = ensure_peer(args.peer_python, args.install_peer)
     shape = bench_paired(args.peer_python if have_peer else None, args.pairs)

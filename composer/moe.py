@@ -13,9 +13,14 @@ Auxiliary losses over the N valid (non-padding) tokens of the batch, returned un
 
 The expert FFN is run by ONE function chosen by cfg.dispatch in DISPATCH_IMPLS, with the signature
     experts(x_md, expert_mk, weight_mk, valid_m, p, cfg) -> (y_md, dropped_fraction)
-'capacity' pads each expert's tokens to a fixed capacity and drops overflow; 'ragged_dot', 'gmm' and
-'gmm_fp8' are the dropless path over a grouped matmul with jax.lax.ragged_dot semantics (a new kernel is
-one more entry); the 'ep_*' entries run those two across the mesh's 'expert' axis (expert parallelism).
+'capacity' pads each expert's tokens to a fixed capacity and drops overflow; 'dense' runs every expert
+on every token (exact, for calls of a few tokens); 'ragged_dot', 'gmm' and 'gmm_fp8' are the dropless path
+over a grouped matmul with jax.lax.ragged_dot semantics (a new kernel is one more entry); the 'ep_*'
+entries run those two across the mesh's 'expert' axis (expert parallelism).
+
+Expert weights are stacked, w_gate / w_up [e, d, f] and w_down [e, f, d], or (the sampler's layout,
+composer/sampler_device.py; 'capacity' and 'dense' only) one buffer per expert: p['experts'], a tuple of
+{w_gate [d, f], w_up [d, f], w_down [f, d]}.
 """
 
 import functools
@@ -67,8 +72,17 @@ def aux_losses(logits_me: jax.Array, expert_mk: jax.Array, valid_m: jax.Array) -
 
 
 def expert_swiglu(x_ecd: jax.Array, p: dict) -> jax.Array:
-    """SwiGLU of every expert on its own rows: [e, c, d] -> [e, c, d], one batched einsum per weight."""
+    """SwiGLU of every expert on its own rows: [e, c, d] -> [e, c, d], one batched einsum per weight, or
+    with one buffer per expert (p['experts']) three plain matmuls per expert. Those are independent, so
+    XLA:CPU runs them on all cores at once; a batched einsum runs its experts one after another."""
     dtype = x_ecd.dtype
+    if "experts" in p:
+        return jnp.stack(
+            [
+                layers.swiglu(x_ecd[i], q["w_gate"], q["w_up"], q["w_down"]).astype(dtype)
+                for i, q in enumerate(p["experts"])
+            ]
+        )
     gate = jnp.einsum("ecd,edf->ecf", x_ecd, p["w_gate"].astype(dtype))
     up = jnp.einsum("ecd,edf->ecf", x_ecd, p["w_up"].astype(dtype))
     return jnp.einsum("ecf,efd->ecd", jax.nn.silu(gate) * up, p["w_down"].astype(dtype))
@@ -141,6 +155,24 @@ def experts_capacity(
     return y_md.astype(x_md.dtype), dropped.astype(jnp.float32)
 
 
+def experts_dense(
+    x_md: jax.Array, expert_mk: jax.Array, weight_mk: jax.Array, valid_m: jax.Array, p: dict, cfg: ModelConfig
+) -> tuple[jax.Array, jax.Array]:
+    """Every expert on every token, weighted by the token's routing weight for it (0 unless chosen):
+    y_i = sum_e w_ie SwiGLU_e(x_i). Exact and dropless, with no sort, gather or scatter; it computes E / k
+    times the rows of a dropless dispatch, which costs little when a call has a few tokens (a decode step
+    has one per slot): there an expert's matmuls cost the read of its weights, not their rows. Padding
+    tokens are computed but weighted by 0. Returns (y_md, 0)."""
+    m, d = x_md.shape
+    chosen_mke = expert_mk[..., None] == jnp.arange(cfg.n_experts, dtype=expert_mk.dtype)
+    weight_me = jnp.sum(jnp.where(chosen_mke, weight_mk[..., None], 0), axis=1)
+    weight_me = jnp.where(valid_m[:, None], weight_me, 0)
+    out_emd = expert_swiglu(jnp.broadcast_to(x_md, (cfg.n_experts, m, d)), p)
+    # A sum, not a dot over e: a float32 dot may run in reduced precision on GPU (TF32).
+    y_md = jnp.sum(out_emd.astype(jnp.float32) * weight_me.T[..., None], axis=0)
+    return y_md.astype(x_md.dtype), jnp.zeros((), jnp.float32)
+
+
 def experts_dropless(
     x_md: jax.Array,
     expert_mk: jax.Array,
@@ -175,6 +207,7 @@ def experts_dropless(
 
 DISPATCH_IMPLS: dict[str, str | Callable] = {
     "capacity": experts_capacity,
+    "dense": experts_dense,
     "ragged_dot": functools.partial(experts_dropless, gmm=jax.lax.ragged_dot),
     "gmm": functools.partial(experts_dropless, gmm="kernels_pallas.gmm.ops:gmm"),
     "gmm_fp8": functools.partial(experts_dropless, gmm="kernels_pallas.fp8_gmm.ops:gmm_fp8"),

@@ -72,6 +72,7 @@ from composer.sampler_device import (
     draw,
     extend,
     init_layer_caches,
+    per_expert_buffers,
     prefill,
     sampling_config,
     unstack_layers,
@@ -147,7 +148,7 @@ class Sampler:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
         self.cfg = sampling_config(cfg)
         self.n_moe_layers = cfg.n_moe_layers
-        self.params, self.version = unstack_layers(params), 0
+        self.params, self.version = unstack_layers(params, per_expert_buffers(cfg)), 0
         self.slots, self.max_len, self.steps_per_call = slots, max_len, steps_per_call
         self.temperature, self.top_p = float(temperature), float(top_p)
         # Traced, not static: greedy EVAL and sampled RL rollouts share every compiled program.
@@ -246,7 +247,7 @@ class Sampler:
     def update_params(self, params: Any, version: int) -> None:
         """Uses `params` (policy version `version`) from the next device call on; remembered prefixes were
         computed by the old ones, so they are forgotten."""
-        self.params, self.version = unstack_layers(params), int(version)
+        self.params, self.version = unstack_layers(params, per_expert_buffers(self.cfg)), int(version)
         self.slot_prefix = [None] * self.slots
         self.slot_prompt = [None] * self.slots
 

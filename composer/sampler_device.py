@@ -8,11 +8,15 @@ dispatch 'capacity' the capacity factor is n_experts / top_k, so every expert ha
 the call (nothing is ever dropped); other dispatches are dropless already. That room costs E / k times
 the expert FLOPs of a dropless kernel, so each MoE layer first runs with a smaller factor
 (PREFILL_CAPACITY, DECODE_CAPACITY) and runs again with E / k only if that pass dropped an assignment
-(`moe_dropless`; `stats()['moe_redo_rate']`): the output is the dropless one either way.
+(`moe_dropless`; `stats()['moe_redo_rate']`): the output is the dropless one either way. A call of at
+most DENSE_MAX_TOKENS tokens (a decode step of up to that many slots) runs every expert on every token
+instead (dispatch 'dense', exact): no sort, no capacity, no second pass.
 
 Layers: the sampler runs the model's layers unrolled over per-layer weight and cache buffers
 (`forward_unstacked`), the same maths as model.forward (the tests compare the two), without the per-layer
-copies of weights and cache that the layer scan costs on XLA:CPU.
+copies of weights and cache that the layer scan costs on XLA:CPU. With dispatch 'capacity' each expert's
+weights are their own buffers too (`unstack_layers`), so its matmuls run beside the other experts' on all
+cores (composer/moe.py, `expert_swiglu`).
 """
 
 import dataclasses
@@ -28,9 +32,16 @@ from composer.model_config import ModelConfig
 
 # Expert capacity factors of the first pass of each MoE layer (see `moe_dropless`); the second pass, run
 # only when the first dropped an assignment, uses E / k, which never drops. A prefill has many tokens, so
-# its expert loads sit close to the mean; a decode step has one token per slot, so they vary more.
+# its expert loads sit close to the mean; a decode step has one token per slot, so they vary more (with
+# more slots than DENSE_MAX_TOKENS: fewer run dense).
 PREFILL_CAPACITY = 1.5
 DECODE_CAPACITY = 3.0
+# A call of at most this many tokens runs its MoE layers with dispatch 'dense' (every expert on every
+# token). At a few tokens the expert matmuls cost the reads of the expert weights, whatever their row
+# count: at the peer shape of benchmarks/decode.py (8 slots, 8 experts) a layer's expert matmuls took the
+# same time with 2, 4, 6 or 8 rows per expert, and dense decode steps made decode 1.23x faster than
+# capacity 6 per expert with its sort, gather and scatter (1497 against 1221 tokens/s).
+DENSE_MAX_TOKENS = 32
 
 
 def sampling_config(cfg: ModelConfig) -> ModelConfig:
@@ -41,10 +52,17 @@ def sampling_config(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, capacity_factor=cfg.n_experts / cfg.top_k)
 
 
-@jax.jit
-def unstack_layers(params: dict) -> dict:
+def per_expert_buffers(cfg: ModelConfig) -> bool:
+    """Whether the sampler keeps each expert's weights in buffers of their own (the dispatches that take
+    that layout, composer/moe.py; the grouped-matmul ones need the [e, ...] stacks)."""
+    return cfg.dispatch == "capacity"
+
+
+@functools.partial(jax.jit, static_argnames=("per_expert",))
+def unstack_layers(params: dict, per_expert: bool = False) -> dict:
     """The model's params with the layer stacks replaced by `layers`: one dict per layer, in order (the
-    dense layers, then the MoE layers), each weight its own buffer."""
+    dense layers, then the MoE layers), each weight its own buffer. With per_expert, each MoE layer's
+    w_gate, w_up and w_down [e, ...] become `experts`: a tuple of one dict of the three per expert."""
     out = {k: v for k, v in params.items() if k not in ("dense_layers", "moe_layers")}
     out["layers"] = tuple(
         jax.tree.map(lambda x, i=i: x[i], params[name])
@@ -52,7 +70,18 @@ def unstack_layers(params: dict) -> dict:
         if name in params
         for i in range(jax.tree.leaves(params[name])[0].shape[0])
     )
+    if per_expert:
+        out["layers"] = tuple(_split_experts(p) if "moe" in p else p for p in out["layers"])
     return out
+
+
+def _split_experts(layer: dict) -> dict:
+    names = ("w_gate", "w_up", "w_down")
+    m = {k: v for k, v in layer["moe"].items() if k not in names}
+    m["experts"] = tuple(
+        {k: layer["moe"][k][e] for k in names} for e in range(layer["moe"]["w_gate"].shape[0])
+    )
+    return {**layer, "moe": m}
 
 
 class LayerCaches(NamedTuple):
@@ -105,13 +134,17 @@ def moe_dropless(
 ) -> tuple[jax.Array, jax.Array]:
     """The MoE layer with no dropped assignment, trying a smaller expert capacity first.
 
-    With capacity dispatch and first_capacity below cfg.capacity_factor (which must never drop), the
-    layer runs with factor first_capacity and, only if that dropped an assignment, again with
-    cfg.capacity_factor: the output is the dropless one either way, and most calls pay for the smaller
-    capacity only. Returns (y [b, t, d], whether the second pass ran).
+    With capacity dispatch: a call of at most DENSE_MAX_TOKENS tokens runs dispatch 'dense'. Otherwise,
+    with first_capacity below cfg.capacity_factor (which must never drop), the layer runs with factor
+    first_capacity and, only if that dropped an assignment, again with cfg.capacity_factor: the output is
+    the dropless one either way, and most calls pay for the smaller capacity only. Returns
+    (y [b, t, d], whether the second pass ran).
     """
+    no_redo = jnp.zeros((), bool)
+    if cfg.dispatch == "capacity" and x_btd.shape[0] * x_btd.shape[1] <= DENSE_MAX_TOKENS:
+        return moe.moe_layer(p, x_btd, valid_bt, dataclasses.replace(cfg, dispatch="dense"))[0], no_redo
     if cfg.dispatch != "capacity" or first_capacity >= cfg.capacity_factor:
-        return moe.moe_layer(p, x_btd, valid_bt, cfg)[0], jnp.zeros((), bool)
+        return moe.moe_layer(p, x_btd, valid_bt, cfg)[0], no_redo
     y_btd, aux = moe.moe_layer(p, x_btd, valid_bt, dataclasses.replace(cfg, capacity_factor=first_capacity))
     redo = aux["dropped_fraction"] > 0
     y_btd = jax.lax.cond(redo, lambda: moe.moe_layer(p, x_btd, valid_bt, cfg)[0], lambda: y_btd)

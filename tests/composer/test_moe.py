@@ -87,7 +87,7 @@ def _moe_np(p, x_btd, valid_bt, cfg, drop: bool):
     return y.reshape(x_btd.shape), dropped
 
 
-@pytest.mark.parametrize("dispatch", ["capacity", "ragged_dot"])
+@pytest.mark.parametrize("dispatch", ["capacity", "dense", "ragged_dot"])
 @pytest.mark.parametrize("norm_topk_prob", [True, False])
 @pytest.mark.parametrize("shared_expert_d_ff", [0, 32])
 def test_moe_layer_equals_naive_loop(dispatch, norm_topk_prob, shared_expert_d_ff):
@@ -108,7 +108,7 @@ def test_moe_layer_equals_naive_loop(dispatch, norm_topk_prob, shared_expert_d_f
     assert float(aux["dropped_fraction"]) == 0.0
 
 
-@pytest.mark.parametrize("dispatch", ["capacity", "ragged_dot"])
+@pytest.mark.parametrize("dispatch", ["capacity", "dense", "ragged_dot"])
 def test_padding_gets_no_routed_output(dispatch):
     cfg = dataclasses.replace(CFG, dispatch=dispatch, capacity_factor=CFG.n_experts / CFG.top_k)
     p = _layer_params(cfg)
@@ -142,7 +142,7 @@ def test_capacity_drops_overflow_and_counts_it(capacity_factor):
     np.testing.assert_allclose(y, y_ref, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dispatch", ["capacity", "ragged_dot"])
+@pytest.mark.parametrize("dispatch", ["capacity", "dense", "ragged_dot"])
 def test_aux_losses_equal_numpy(dispatch):
     cfg = dataclasses.replace(CFG, dispatch=dispatch)
     p = _layer_params(cfg)
@@ -166,7 +166,7 @@ def test_aux_losses_equal_numpy(dispatch):
 def test_dispatch_gradients_agree():
     """Dropless and capacity (nothing dropped) give the same gradients for every MoE weight."""
     grads = {}
-    for dispatch in ("capacity", "ragged_dot"):
+    for dispatch in ("capacity", "dense", "ragged_dot"):
         cfg = dataclasses.replace(CFG, dispatch=dispatch, capacity_factor=CFG.n_experts / CFG.top_k)
         p = _layer_params(cfg)
         x = _inputs(cfg)
@@ -177,9 +177,29 @@ def test_dispatch_gradients_agree():
             return jnp.sum(jnp.sin(y)) + aux["load_balance_loss"] + aux["router_z_loss"]
 
         grads[dispatch] = jax.grad(loss, argnums=(0, 1))(p, x)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads["capacity"], grads["ragged_dot"]
-    )
+    for dispatch in ("capacity", "dense"):
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads[dispatch], grads["ragged_dot"]
+        )
+
+
+@pytest.mark.parametrize("dispatch", ["capacity", "dense"])
+@pytest.mark.parametrize("capacity_factor", [0.75, CFG.n_experts / CFG.top_k])
+def test_one_buffer_per_expert_equals_stacked(dispatch, capacity_factor):
+    """The sampler's layout (p['experts'], one dict of weights per expert) computes what the stacks do,
+    drops included."""
+    cfg = dataclasses.replace(CFG, dispatch=dispatch, capacity_factor=capacity_factor)
+    p = _layer_params(cfg)
+    names = ("w_gate", "w_up", "w_down")
+    split = {k: v for k, v in p.items() if k not in names}
+    split["experts"] = tuple({k: p[k][e] for k in names} for e in range(cfg.n_experts))
+    x = _inputs(cfg)
+    valid = jnp.arange(M_TOKENS[1])[None, :] < jnp.array([[12], [7]])
+    y, aux = MOE_LAYER(p, x, valid, cfg)
+    y_split, aux_split = MOE_LAYER(split, x, valid, cfg)
+    np.testing.assert_allclose(y_split, y, atol=1e-6, rtol=1e-6)
+    assert float(aux_split["dropped_fraction"]) == float(aux["dropped_fraction"])
+    assert (float(aux["dropped_fraction"]) > 0) == (capacity_factor < 1 and dispatch == "capacity")
 
 
 def test_unknown_dispatch_names_the_choices():
