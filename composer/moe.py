@@ -74,7 +74,8 @@ def aux_losses(logits_me: jax.Array, expert_mk: jax.Array, valid_m: jax.Array) -
 def expert_swiglu(x_ecd: jax.Array, p: dict) -> jax.Array:
     """SwiGLU of every expert on its own rows: [e, c, d] -> [e, c, d], one batched einsum per weight, or
     with one buffer per expert (p['experts']) three plain matmuls per expert. Those are independent, so
-    XLA:CPU runs them on all cores at once; a batched einsum runs its experts one after another."""
+    XLA:CPU with composer/xla_flags.py's flags runs them side by side on its cores; a batched einsum runs
+    its experts one after another."""
     dtype = x_ecd.dtype
     if "experts" in p:
         return jnp.stack(
