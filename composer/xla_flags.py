@@ -13,9 +13,10 @@ multi-turn episodes with prefix reuse 1418-1440 -> 1539-1559 tok/s, every turn p
 With multi_thread_eigen on (the default), XLA:CPU splits each dot over its thread pool; the small dots of
 these models (a decode step multiplies 8-16 rows by each weight) pay more to split than they gain, and
 with the flag off independent dots (the experts' of one layer) run side by side on the cores instead.
-Measured the same way, with the flag above set in both: SFT step 1396 -> 1319 ms; decode at the peer
-shape of benchmarks/decode.py 991 -> 1150 tokens/s; an expert layer's matmuls at that shape were as fast
-on one core as on two with the flag on. Both flags are XLA:CPU's only; GPU and TPU backends ignore them.
+Measured with the flag above set in both: decode at the peer shape of benchmarks/decode.py 991 -> 1150
+tokens/s (an expert layer's matmuls at that shape ran as fast on one core as on two with the flag on);
+SFT step (2 x 1792 tokens) no change beyond noise (1396 -> 1319 ms in one pair of runs, 1429 -> 1445 in
+another); the learner's forward over the same batch 557 -> 554 and 532 -> 526 ms. Both flags are XLA:CPU's only; GPU and TPU backends ignore them.
 """
 
 import os
