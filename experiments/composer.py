@@ -10,9 +10,11 @@ Variants, chosen by the argument after the colon:
   pipeline runs in a few minutes on any CPU and solves nothing. Used by the tests.
 - ``experiments/composer.py`` (no argument): the embedded default. A small MoE (3.9 M parameters in
   total, 1.5 M active per token), generated tasks, the CPU, no downloads. Target: under 30 minutes on a
-  2-core CPU (``--mode=info`` prints the counts); measured alone with an empty compilation cache: 29.1
-  minutes (DATA 6.3, SFT 8.3, EVAL 6.4, RL 4.3, EVAL 3.8; an earlier commit's run, without the shared
-  prompts held in slots, 31.9: runs of one code differ by about a minute on this machine).
+  2-core CPU (``--mode=info`` prints the counts); measured alone with an empty compilation cache: 29.6
+  minutes (DATA 6.3, SFT 8.4, EVAL 6.5, RL 4.5, EVAL 3.9), the run before the sampler's dense decode steps
+  29.1, an earlier one 31.9: runs of one code differ by about a minute on this machine, and the faster
+  decode moves little here, where long contexts make a decode step's attention, not its experts, the
+  cost.
 - ``experiments/composer.py:gpu``: one H200-class GPU, a model of real size (4.9 B parameters in total,
   0.9 B active per token), bf16 compute.
 
