@@ -16,7 +16,8 @@ with the flag off independent dots (the experts' of one layer) run side by side 
 Measured with the flag above set in both: decode at the peer shape of benchmarks/decode.py 991 -> 1150
 tokens/s (an expert layer's matmuls at that shape ran as fast on one core as on two with the flag on);
 SFT step (2 x 1792 tokens) no change beyond noise (1396 -> 1319 ms in one pair of runs, 1429 -> 1445 in
-another); the learner's forward over the same batch 557 -> 554 and 532 -> 526 ms. Both flags are XLA:CPU's only; GPU and TPU backends ignore them.
+another); the learner's forward over the same batch 557 -> 554 and 532 -> 526 ms. Both flags are
+XLA:CPU's only; GPU and TPU backends ignore them.
 """
 
 import os
