@@ -149,9 +149,11 @@ def test_reference_attention_equals_loop():
     assert np.isfinite(np.asarray(got)).all()
 
 
-@pytest.mark.parametrize("n, g", [(4, 2), (4, 4), (6, 1)])
+@pytest.mark.parametrize("n, g", [(4, 2), (4, 4), (6, 1), (12, 4), (16, 16)])
 def test_one_query_attention_equals_loop(n, g):
-    # A decode step (one query per row) takes the block-diagonal path over the cache's own layout.
+    # A decode step (one query per row): per head up to PER_HEAD_MAX_HEADS query heads, else the
+    # block-diagonal path; both over the cache's own layout.
+    assert (n <= attention.PER_HEAD_MAX_HEADS) == (n < 12)
     b, s, h = 4, 11, 8
     q, k, v = _qkv(3, b, 1, s, n, g, h)
     q_pos = np.array([[6], [0], [-1], [10]], np.int32)
