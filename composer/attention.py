@@ -35,6 +35,11 @@ KEY_CHUNK = 256
 PER_HEAD_MAX_HEADS = 8
 
 
+def _visible_bts(j_s: jax.Array, q_pos_bt: jax.Array, kv_len_b: jax.Array) -> jax.Array:
+    """The module's visibility rule: whether key index j_s[i] is visible to each query, [b, t, len(j_s)]."""
+    return (j_s <= q_pos_bt[:, :, None]) & (j_s < kv_len_b[:, None, None])
+
+
 def attend_reference(
     q_btnh: jax.Array, k_bsgh: jax.Array, v_bsgh: jax.Array, q_pos_bt: jax.Array, kv_len_b: jax.Array
 ) -> jax.Array:
@@ -46,8 +51,7 @@ def attend_reference(
     q_btgrh = q_btnh.reshape(b, t, g, n // g, h)
     scores = jnp.einsum("btgrh,bsgh->bgrts", q_btgrh, k_bsgh, preferred_element_type=jnp.float32)
     scores = scores * h**-0.5
-    j_s = jnp.arange(s, dtype=jnp.int32)
-    visible_bts = (j_s <= q_pos_bt[:, :, None]) & (j_s < kv_len_b[:, None, None])
+    visible_bts = _visible_bts(jnp.arange(s, dtype=jnp.int32), q_pos_bt, kv_len_b)
     scores = jnp.where(visible_bts[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_bsgh.dtype)
     o_btgrh = jnp.einsum("bgrts,bsgh->btgrh", probs, v_bsgh)
@@ -80,8 +84,7 @@ def _attend_one_query_per_head(
     k_bsc, v_bsc = k_bsgh.reshape(b, s, g * h), v_bsgh.reshape(b, s, g * h)
     q_bgrh = q_b1nh.reshape(b, g, r, h).astype(k_bsgh.dtype)
     eye_gg = jnp.eye(g, dtype=k_bsgh.dtype)
-    j_s = jnp.arange(s, dtype=jnp.int32)
-    visible_bs = (j_s <= q_pos_b1) & (j_s < kv_len_b[:, None])
+    visible_bs = _visible_bts(jnp.arange(s, dtype=jnp.int32), q_pos_b1, kv_len_b)[:, 0]
     heads = []
     for gi in range(g):
         for ri in range(r):
@@ -114,8 +117,7 @@ def _attend_one_query_blocks(
     q_bce = jnp.einsum("bgrh,gk->bghkr", q_bgrh, eye_gg).reshape(b, g * h, g * r)
     k_bsc = k_bsgh.reshape(b, s, g * h)
     scores_bse = jnp.einsum("bsc,bce->bse", k_bsc, q_bce, preferred_element_type=jnp.float32) * h**-0.5
-    j_s = jnp.arange(s, dtype=jnp.int32)
-    visible_bs = (j_s <= q_pos_b1) & (j_s < kv_len_b[:, None])
+    visible_bs = _visible_bts(jnp.arange(s, dtype=jnp.int32), q_pos_b1, kv_len_b)[:, 0]
     scores_bse = jnp.where(visible_bs[:, :, None], scores_bse, _MASKED)
     probs_bse = jax.nn.softmax(scores_bse, axis=1).astype(v_bsgh.dtype)
     o_bec = jnp.einsum("bse,bsc->bec", probs_bse, v_bsgh.reshape(b, s, g * h))
@@ -193,7 +195,7 @@ def attend_key_chunks(
         v_bcgh = jax.lax.dynamic_slice_in_dim(v_bsgh, start, chunk, axis=1)
         scores = jnp.einsum("btgrh,bcgh->bgrtc", q_btgrh, k_bcgh, preferred_element_type=jnp.float32)
         j_c = start + jnp.arange(chunk, dtype=jnp.int32)
-        visible_btc = (j_c <= q_pos_bt[:, :, None]) & (j_c < kv_len_b[:, None, None]) & (j_c >= first)
+        visible_btc = _visible_bts(j_c, q_pos_bt, kv_len_b) & (j_c >= first)
         scores = jnp.where(visible_btc[:, None, None], scores * h**-0.5, _MASKED)
         m_new = jnp.maximum(m_bgrt, jnp.max(scores, axis=-1))
         p_bgrtc = jnp.exp(scores - m_new[..., None])
