@@ -71,6 +71,17 @@ def aux_losses(logits_me: jax.Array, expert_mk: jax.Array, valid_m: jax.Array) -
     }
 
 
+EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
+
+
+def split_experts(p: dict) -> dict:
+    """One MoE layer's params with the stacked expert weights replaced by one buffer per expert:
+    p['experts'][e] = {w_gate, w_up, w_down} of expert e (the layout in the module docstring)."""
+    out = {k: v for k, v in p.items() if k not in EXPERT_WEIGHTS}
+    out["experts"] = tuple({k: p[k][e] for k in EXPERT_WEIGHTS} for e in range(p["w_gate"].shape[0]))
+    return out
+
+
 def expert_swiglu(x_ecd: jax.Array, p: dict) -> jax.Array:
     """SwiGLU of every expert on its own rows: [e, c, d] -> [e, c, d], one batched einsum per weight, or
     with one buffer per expert (p['experts']) three plain matmuls per expert. Those are independent, so

@@ -71,17 +71,10 @@ def unstack_layers(params: dict, per_expert: bool = False) -> dict:
         for i in range(jax.tree.leaves(params[name])[0].shape[0])
     )
     if per_expert:
-        out["layers"] = tuple(_split_experts(p) if "moe" in p else p for p in out["layers"])
+        out["layers"] = tuple(
+            {**p, "moe": moe.split_experts(p["moe"])} if "moe" in p else p for p in out["layers"]
+        )
     return out
-
-
-def _split_experts(layer: dict) -> dict:
-    names = ("w_gate", "w_up", "w_down")
-    m = {k: v for k, v in layer["moe"].items() if k not in names}
-    m["experts"] = tuple(
-        {k: layer["moe"][k][e] for k in names} for e in range(layer["moe"]["w_gate"].shape[0])
-    )
-    return {**layer, "moe": m}
 
 
 class LayerCaches(NamedTuple):

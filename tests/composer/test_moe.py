@@ -190,9 +190,8 @@ def test_one_buffer_per_expert_equals_stacked(dispatch, capacity_factor):
     drops included."""
     cfg = dataclasses.replace(CFG, dispatch=dispatch, capacity_factor=capacity_factor)
     p = _layer_params(cfg)
-    names = ("w_gate", "w_up", "w_down")
-    split = {k: v for k, v in p.items() if k not in names}
-    split["experts"] = tuple({k: p[k][e] for k in names} for e in range(cfg.n_experts))
+    split = moe.split_experts(p)
+    assert len(split["experts"]) == cfg.n_experts and not set(moe.EXPERT_WEIGHTS) & set(split)
     x = _inputs(cfg)
     valid = jnp.arange(M_TOKENS[1])[None, :] < jnp.array([[12], [7]])
     y, aux = MOE_LAYER(p, x, valid, cfg)
