@@ -37,9 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from composer import chat  # noqa: E402
-from composer import tokenizer as tk  # noqa: E402
-from composer.chat import ToolCall  # noqa: E402
+from env import chat  # noqa: E402
+from env import tokenizer as tk  # noqa: E402
+from env.chat import ToolCall  # noqa: E402
 from env.rollout import LocalPool, RolloutLimits, run_episodes, run_episodes_sync  # noqa: E402
 from env.rollout.driver import default_prompt, episode_key  # noqa: E402
 from env.rollout.engines import ScriptedEngine  # noqa: E402

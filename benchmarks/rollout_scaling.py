@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import rollout as workload  # noqa: E402  (benchmarks/rollout.py: the workload's plan and script)
 
-from composer import chat  # noqa: E402
-from composer import tokenizer as tk  # noqa: E402
+from env import chat  # noqa: E402
+from env import tokenizer as tk  # noqa: E402
 from env.rollout import LocalPool, RolloutLimits, run_episodes  # noqa: E402
 from env.rollout.driver import default_prompt  # noqa: E402
 from env.rollout.engines import ScriptedEngine  # noqa: E402

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from composer.chat import ToolCall  # noqa: E402
+from env.chat import ToolCall  # noqa: E402
 from env.tools import ToolContext, execute  # noqa: E402
 from env.tools.binaries import find_binary  # noqa: E402
 

@@ -87,19 +87,11 @@ def process_rows(n_rows: int) -> slice:
     return slice(index * share, (index + 1) * share)
 
 
-def batch_shardings(batch: Mapping[str, jax.Array | np.ndarray], mesh: Mesh, rules) -> dict:
-    """Shardings of [m, b, ...] batch arrays (global shapes): rows along 'batch', as train.jit_step."""
-    return {
-        k: sharding.named_sharding((None, "batch") + (None,) * (len(v.shape) - 2), v.shape, mesh, rules)
-        for k, v in batch.items()
-    }
-
-
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh, rules) -> dict[str, jax.Array]:
     """Global [m, b, ...] arrays from each process's [m, b / n_processes, ...] share (process_rows)."""
     n_proc = jax.process_count()
     global_shapes = {k: (v.shape[0], v.shape[1] * n_proc, *v.shape[2:]) for k, v in local_batch.items()}
-    shardings = batch_shardings(
+    shardings = sharding.batch_shardings(
         {k: jax.ShapeDtypeStruct(s, local_batch[k].dtype) for k, s in global_shapes.items()}, mesh, rules
     )
     return {

@@ -77,23 +77,12 @@ from composer.sampler_device import (
     sampling_config,
     unstack_layers,
 )
+from env.rollout.episode import TurnOutput
 
 __all__ = ["Sampler", "TurnOutput", "default_buckets", "sampling_config"]
 
 # The smallest attention window of a decode call; windows are length_buckets(_MIN_WINDOW, max_len).
 _MIN_WINDOW = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class TurnOutput:
-    """One finished turn: the generated ids (the last is eos when stop is 'eos'), the log-prob of each,
-    and why it stopped ('eos' | 'length'). The same fields as env.rollout.episode.TurnOutput, which the
-    rollout driver reads (defined here too: traced code does not import the host-side rollout package)."""
-
-    request_id: str
-    token_ids: list[int]
-    logprobs: list[float]
-    stop: str
 
 
 def length_buckets(low: int, max_len: int) -> tuple[int, ...]:

@@ -12,7 +12,7 @@ Two rules make any rules table valid for any shape:
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import ml_collections
@@ -94,6 +94,15 @@ def named_sharding(
 ) -> NamedSharding:
     """The NamedSharding of one array (a weight, an activation, a batch) with logical `axes`."""
     return NamedSharding(mesh, logical_to_spec(axes, rules, shape, mesh))
+
+
+def batch_shardings(batch: Mapping, mesh: Mesh, rules: Rules) -> dict:
+    """Shardings of [m, b, ...] batch arrays (or their shapes): micro-batches on every device, rows split
+    along 'batch'."""
+    return {
+        k: named_sharding((None, "batch") + (None,) * (len(v.shape) - 2), v.shape, mesh, rules)
+        for k, v in batch.items()
+    }
 
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: Rules) -> dict:

@@ -333,11 +333,7 @@ def jit_step(step_fn: Callable, state: TrainState, batch_example: dict, mesh, ru
     """Jits `step_fn` with the state's own shardings (in and out), batch sharded along 'batch', and the
     state donated. `state` must already be placed (e.g. params born sharded via sharding.init_sharded)."""
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    # Batch arrays are [m, b, ...]: micro-batches stay on every device, rows split along 'batch'.
-    batch_shardings = {
-        k: sharding.named_sharding((None, "batch") + (None,) * (v.ndim - 2), v.shape, mesh, rules)
-        for k, v in batch_example.items()
-    }
+    batch_shardings = sharding.batch_shardings(batch_example, mesh, rules)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     fn = functools.partial(step_fn, **static)
     return jax.jit(

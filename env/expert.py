@@ -23,12 +23,12 @@ import dataclasses
 import re
 from pathlib import Path
 
-from composer.chat import Message, ToolCall, render_text, system_message
+from env.chat import Message, ToolCall, render_text, system_message
 from env.reward import Grade, grade
 from env.sandbox import Limits, Sandbox, make_workspace, remove_workspace
 from env.tasks.diffs import parse_patch
 from env.tasks.task import Task
-from env.tools import ToolContext, ToolResult, execute_parallel, tool_schemas
+from env.tools import ToolContext, ToolResult, execute_parallel, first_edit_after_read, tool_schemas
 
 INSTRUCTIONS = (
     "You are a coding agent in a Python repository at /workspace. Fix the bug the user reports: run the "
@@ -52,8 +52,6 @@ SAY = {
     "verify": "Now let me run the tests again.",
     "done": "The bug was in {loc}: {why} After the fix all {n} tests pass.",
 }
-EDIT_TOOLS = ("search_replace", "write", "delete_file")
-READ_TOOLS = ("read_file", "grep", "codebase_search", "glob_file_search", "list_dir")
 
 
 @dataclasses.dataclass
@@ -113,10 +111,7 @@ class _Expert:
         return results
 
     def first_edit_after_read(self) -> bool | None:
-        for i, names in enumerate(self.turn_tools):
-            if any(n in EDIT_TOOLS for n in names):
-                return any(n in READ_TOOLS for earlier in self.turn_tools[:i] for n in earlier)
-        return None
+        return first_edit_after_read(self.turn_tools)
 
     def _grep_code(self, file: str, qualname: str, pattern: str, at_least: int) -> ToolCall:
         """grep for `pattern` (the first line of `qualname` in `file`) with at least `at_least` context lines

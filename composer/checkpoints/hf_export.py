@@ -25,7 +25,7 @@ from jax.experimental import multihost_utils
 from composer.checkpoints import hf_config, hf_layout
 from composer.checkpoints.hf import INDEX_FILE
 from composer.model_config import ModelConfig
-from composer.tokenizer import Tokenizer
+from env.tokenizer import Tokenizer
 
 # Files of a checkpoint directory that describe the tokenizer and generation, copied along by `files_from`.
 TOKENIZER_FILES = (

@@ -2,7 +2,7 @@
 
     tokenizer = load_tokenizer(directory, vocab_size=cfg.vocab_size)
 
-composer renders conversations itself (composer.chat: ChatML turns, `<tool_call>` JSON blocks, tool results
+composer renders conversations itself (env.chat: ChatML turns, `<tool_call>` JSON blocks, tool results
 in `<tool_response>` blocks, the layout of Qwen3's template) and needs each of chat.SPECIAL_TOKENS to be one
 id of the checkpoint's tokenizer:
 
@@ -28,8 +28,8 @@ from pathlib import Path
 import tokenizers as hf
 from absl import logging
 
-from composer import chat
-from composer.tokenizer import Tokenizer, render
+from env import chat
+from env.tokenizer import Tokenizer, render
 
 _PROBE = [
     chat.Message("system", "You fix bugs."),
@@ -137,7 +137,7 @@ def check_chat_round_trip(tokenizer: Tokenizer) -> None:
 
 
 def load_tokenizer(directory: str | Path, vocab_size: int) -> Tokenizer:
-    """The checkpoint's tokenizer.json, with the chat special tokens, ready for composer.tokenizer.render.
+    """The checkpoint's tokenizer.json, with the chat special tokens, ready for env.tokenizer.render.
 
     vocab_size: the model's (config.json's) number of embedding rows. Raises ValueError when the tokenizer
     cannot serve composer's chat format (see the module docstring).

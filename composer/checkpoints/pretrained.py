@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 from composer import sharding
 from composer.checkpoints import hf, hf_config, hf_tokenizer
 from composer.model_config import ModelConfig
-from composer.tokenizer import Tokenizer
+from env.tokenizer import Tokenizer
 
 
 def pretrained_model_config(config: ml_collections.ConfigDict) -> tuple[ModelConfig, dict]:

@@ -18,10 +18,10 @@ import ml_collections
 from absl import logging
 from tqdm import tqdm
 
-from composer import chat
 from composer.pipeline import rollouts
-from composer.tokenizer import Tokenizer, train_tokenizer
+from env import chat
 from env import tasks as env_tasks
+from env.tokenizer import Tokenizer, train_tokenizer
 
 
 @dataclasses.dataclass

@@ -8,8 +8,8 @@ import jax
 import ml_collections
 from absl import logging
 
-from composer import chat
 from composer.pipeline import next_call, rollouts
+from env import chat
 
 
 def episodes_path(out: Path) -> Path:

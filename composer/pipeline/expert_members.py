@@ -10,11 +10,11 @@ reward 1, that join a group of the policy's episodes before its advantages are c
 
 import numpy as np
 
-from composer import chat
 from composer.pipeline import rollouts
-from composer.tokenizer import render
+from env import chat
 from env.expert import TEST_COMMAND
-from env.rollout.episode import READ_TOOLS
+from env.tokenizer import render
+from env.tools import READ_TOOLS
 
 
 def guide_sequence(messages: list, prefix: list | None, tokenizer) -> dict:

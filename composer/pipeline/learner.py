@@ -9,7 +9,7 @@ import numpy as np
 from absl import logging
 
 from composer import batching, distributed, model, sharding, train
-from composer.tokenizer import Tokenizer
+from env.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass
@@ -54,7 +54,7 @@ def model_config(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> mod
     return cfg
 
 
-_ASSISTANT = "assistant"  # the role's name in the chat template (composer/chat.py)
+_ASSISTANT = "assistant"  # the role's name in the chat template (env/chat.py)
 
 
 def line_token_ids(tokenizer: Tokenizer) -> tuple[int, ...]:

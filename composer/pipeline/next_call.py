@@ -11,8 +11,8 @@ buggy line out of tool results, which is where small models fail first.
 
 from collections.abc import Sequence
 
-from composer import chat
-from composer.tokenizer import Tokenizer, render_prompt
+from env import chat
+from env.tokenizer import Tokenizer, render_prompt
 
 TURN_KEY = "next_call_turn_"  # + the 1-based turn number: the share of those turns right
 

@@ -9,13 +9,12 @@ import jax
 import ml_collections
 from tqdm import tqdm
 
-from composer import chat
 from composer.sampler import Sampler
+from env import chat
 from env.rollout import RolloutLimits, iter_groups
 from env.rollout.driver import INSTRUCTIONS
-from env.rollout.episode import EDIT_TOOLS
 from env.rollout.pool import RolloutPool, make_pool
-from env.tools import offered_tools, tool_schemas
+from env.tools import EDIT_TOOLS, offered_tools, tool_schemas
 
 
 class VersionedEngine:

@@ -22,13 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from composer import chat
 from composer.pipeline.expert_members import failed
 from composer.rl import advantages as adv_lib
-from composer.tokenizer import render_prompt
-from env.rollout.episode import READ_TOOLS
+from env import chat
 from env.sandbox.workspace import make_workspace, remove_workspace
-from env.tools import ToolContext, execute_parallel
+from env.tokenizer import render_prompt
+from env.tools import READ_TOOLS, ToolContext, execute_parallel
 
 
 @dataclasses.dataclass(frozen=True)

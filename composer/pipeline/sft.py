@@ -19,8 +19,8 @@ from composer.checkpoint import Checkpointer, finish_saves_on_sigterm
 from composer.metrics import MetricsWriter
 from composer.pipeline import learner as learner_lib
 from composer.pipeline.data import Data
-from composer.tokenizer import render
-from env.rollout.episode import EDIT_TOOLS
+from env.tokenizer import render
+from env.tools import EDIT_TOOLS
 
 
 def turn_spans(mask: np.ndarray) -> list[tuple[int, int]]:

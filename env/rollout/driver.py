@@ -27,18 +27,17 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
-from composer.chat import Message, system_message
+from env.chat import Message, system_message
 from env.expert import INSTRUCTIONS
 from env.rollout.episode import (
     Episode,
     RolloutLimits,
     State,
     TurnOutput,
-    first_edit_after_read,
     render_prompt_ids,
 )
 from env.rollout.pool import Event, RolloutPool
-from env.tools import tool_schemas
+from env.tools import first_edit_after_read, tool_schemas
 
 
 class Engine(Protocol):

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from composer import chat
-from composer.chat import Message
+from env import chat
+from env.chat import Message
 from env.rollout.episode import TurnOutput
 
 Script = Callable[[str, Sequence[int]], Sequence[int]]

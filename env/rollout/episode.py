@@ -24,14 +24,12 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from composer import chat
-from composer.chat import CallError, Message, ToolCall
-from composer.tokenizer import render_prompt
+from env import chat
+from env.chat import CallError, Message, ToolCall
+from env.tokenizer import render_prompt
 
 # Tools that look at the code without changing it, and tools that change it: for the "searched or read
 # before the first edit" statistic and the grader's shaping term.
-READ_TOOLS = frozenset({"read_file", "grep", "codebase_search", "glob_file_search", "list_dir"})
-EDIT_TOOLS = frozenset({"search_replace", "write", "delete_file"})
 
 
 class State(enum.Enum):
@@ -71,18 +69,6 @@ class TurnOutput:
     token_ids: list[int]
     logprobs: list[float]
     stop: str
-
-
-def first_edit_after_read(turn_calls: Sequence[Sequence[str]]) -> bool | None:
-    """Whether a read or search ran in a turn before the turn of the first edit (None: no edit at all).
-
-    `turn_calls` holds the tool names of each turn's calls, in order. Calls of one turn run in parallel, so a
-    read in the same turn as the first edit does not count as before it.
-    """
-    for i, names in enumerate(turn_calls):
-        if any(n in EDIT_TOOLS for n in names):
-            return any(n in READ_TOOLS for earlier in turn_calls[:i] for n in earlier)
-    return None
 
 
 @dataclasses.dataclass

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from composer.chat import CallError, ToolCall
+from env.chat import CallError, ToolCall
 from env.rollout.events import Event
 from env.rollout.worker import run_worker
 

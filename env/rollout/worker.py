@@ -12,7 +12,7 @@ Messages out: ("ready", {"pid", "jax"}) once, then ("event", Event) for each com
 Each episode has its own thread that runs its commands in arrival order, so the commands of different
 episodes overlap and a command sent before the previous one finished simply waits its turn. A command that
 raises ends the episode on this worker (its workspace removed) with an 'error' event; later commands for it
-answer 'error' too. The process imports env/ and composer.chat only: it is started with 'spawn' and never
+answer 'error' too. The process imports env/ and env.chat only: it is started with 'spawn' and never
 inherits the parent's JAX state.
 """
 
@@ -30,10 +30,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from composer.chat import ToolCall
 from env import reward, sandbox, tasks, tools
-from env.rollout.episode import first_edit_after_read
+from env.chat import ToolCall
 from env.rollout.events import Event
+from env.tools import first_edit_after_read
 
 log = logging.getLogger(__name__)
 _STOP_JOIN_S = 10.0  # how long "stop" waits for episodes still running a command

@@ -73,7 +73,7 @@ def _grade(args: argparse.Namespace) -> int:
 
 
 def _solve(args: argparse.Namespace) -> int:
-    from composer.chat import render_text
+    from env.chat import render_text
     from env.expert import solve
 
     task = load_task(args.task)

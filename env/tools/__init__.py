@@ -1,4 +1,4 @@
-"""The IDE tools a policy calls, in the Cursor agent's formats (../shared/TOOLS.md).
+"""The IDE tools a policy calls, in the Cursor agent's formats (docs/tools.md).
 
     ctx = ToolContext(workspace, sandbox)            # one per episode
     system_message(tool_schemas(), ...)              # schemas for the prompt, in TOOL_NAMES order
@@ -14,9 +14,19 @@ call from the command line.
 
 from env.tools.context import ToolContext, ToolError, ToolResult
 from env.tools.dispatch import execute, execute_json, execute_parallel
-from env.tools.schemas import TOOL_NAMES, offered_tools, tool_schemas
+from env.tools.schemas import (
+    EDIT_TOOLS,
+    READ_TOOLS,
+    TOOL_NAMES,
+    first_edit_after_read,
+    offered_tools,
+    tool_schemas,
+)
 
 __all__ = [
+    "EDIT_TOOLS",
+    "READ_TOOLS",
+    "first_edit_after_read",
     "TOOL_NAMES",
     "ToolContext",
     "ToolError",

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from composer.chat import ToolCall, parse_call
+from env.chat import ToolCall, parse_call
 from env.tools.context import ToolContext
 from env.tools.dispatch import execute
 

@@ -11,7 +11,7 @@ import importlib
 import logging
 from collections.abc import Callable
 
-from composer.chat import CallError, ToolCall, parse_call
+from env.chat import CallError, ToolCall, parse_call
 from env.tools import files, lints, search, terminal, todos
 from env.tools.context import ToolContext, ToolError, ToolResult
 from env.tools.schemas import TOOL_NAMES, validate_arguments

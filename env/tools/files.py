@@ -1,4 +1,4 @@
-"""File tools: read_file, write, search_replace, delete_file (templates of ../shared/TOOLS.md).
+"""File tools: read_file, write, search_replace, delete_file (templates of docs/tools.md).
 
 Lines are numbered `f"{n:>6}|{text}"`; a partial view is framed by `... {k} lines not shown ...` on each
 side where lines are hidden. Files are read as UTF-8 (undecodable bytes shown as U+FFFD by read_file; the

@@ -1,4 +1,4 @@
-"""read_lints: ruff's diagnostics in the template of ../shared/TOOLS.md.
+"""read_lints: ruff's diagnostics in the template of docs/tools.md.
 
 Runs `ruff check --output-format=json --isolated --select E4,E7,E9,F` (ruff's classic default rule set:
 pyflakes plus the syntax-level pycodestyle errors). `--isolated` ignores any ruff configuration in the

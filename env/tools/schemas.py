@@ -1,13 +1,30 @@
 """The tools' JSON schemas (for the system prompt) and the validation of call arguments against them.
 
-Names and argument schemas follow ../shared/TOOLS.md. The descriptions are ours. Validation is strict: a
+Names and argument schemas follow docs/tools.md. The descriptions are ours. Validation is strict: a
 missing required argument, an argument of the wrong JSON type (an integer is not a boolean, "10" is not an
 integer), a value outside its enum or range, and an argument the tool does not have are each an error
 result naming the argument.
 """
 
 import copy
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+# The tools that only look at the workspace, and those that change it (behaviour metrics: search before edit).
+READ_TOOLS = frozenset({"read_file", "grep", "codebase_search", "glob_file_search", "list_dir"})
+EDIT_TOOLS = frozenset({"search_replace", "write", "delete_file"})
+
+
+def first_edit_after_read(turn_calls: Sequence[Iterable[str]]) -> bool | None:
+    """Whether a read or search ran in a turn before the turn of the first edit (None: no edit at all).
+
+    `turn_calls` holds the tool names of each turn's calls, in order. Calls of one turn run in parallel, so a
+    read in the same turn as the first edit does not count as before it.
+    """
+    for i, names in enumerate(turn_calls):
+        if any(n in EDIT_TOOLS for n in names):
+            return any(n in READ_TOOLS for earlier in turn_calls[:i] for n in earlier)
+    return None
 
 
 def _obj(properties: dict, required: list[str]) -> dict:

@@ -1,4 +1,4 @@
-"""run_terminal_cmd: one command line in the episode's sandbox, in the template of ../shared/TOOLS.md.
+"""run_terminal_cmd: one command line in the episode's sandbox, in the template of docs/tools.md.
 
 The sandbox (`ctx.sandbox`, an env.sandbox.Sandbox or anything with the same `.shell` and
 `.start_background`) keeps the shell's working directory between calls; the parallel calls of one turn

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from composer.chat import render_text
+from env.chat import render_text
 from env.expert import TEST_COMMAND, _replacement, solve
 from env.tasks import FAMILIES, generate_task, split_seed
 from env.tools import TOOL_NAMES

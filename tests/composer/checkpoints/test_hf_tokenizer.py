@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import tokenizers as hf
 
-from composer import chat
 from composer.checkpoints import hf_tokenizer, read_hf_config
-from composer.tokenizer import Tokenizer, render, render_prompt
+from env import chat
+from env.tokenizer import Tokenizer, render, render_prompt
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 ARCHS = ("qwen3_moe", "olmoe", "mixtral")

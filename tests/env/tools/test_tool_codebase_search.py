@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from composer.chat import ToolCall
+from env.chat import ToolCall
 from env.tools import ToolContext, execute
 from env.tools.codebase_search import CHUNK_MAX_LINES, TOP_K, HashedNgramEncoder, chunk_file, code_tokens
 

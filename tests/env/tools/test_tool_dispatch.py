@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from composer.chat import CallError, ToolCall
+from env.chat import CallError, ToolCall
 from env.tools import (
     TOOL_NAMES,
     ToolContext,
@@ -27,7 +27,7 @@ from env.tools import (
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# The required arguments of ../shared/TOOLS.md's table.
+# The required arguments of docs/tools.md's table.
 REQUIRED = {
     "read_file": ["target_file"],
     "search_replace": ["file_path", "old_string", "new_string"],

@@ -1,11 +1,11 @@
-"""read_file, write, search_replace, delete_file against the templates of ../shared/TOOLS.md."""
+"""read_file, write, search_replace, delete_file against the templates of docs/tools.md."""
 
 import os
 import stat
 
 import pytest
 
-from composer.chat import ToolCall
+from env.chat import ToolCall
 from env.tools import ToolContext, ToolResult, execute
 
 

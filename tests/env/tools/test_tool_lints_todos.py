@@ -1,10 +1,10 @@
-"""read_lints (real ruff) and todo_write against the templates of ../shared/TOOLS.md."""
+"""read_lints (real ruff) and todo_write against the templates of docs/tools.md."""
 
 import json
 
 import pytest
 
-from composer.chat import ToolCall
+from env.chat import ToolCall
 from env.tools import ToolContext, ToolResult, execute
 from env.tools.todos import REMINDER
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from composer.chat import ToolCall
+from env.chat import ToolCall
 from env.tools import ToolContext, execute
 from env.tools.paths import PathError, resolve_path
 

@@ -1,11 +1,11 @@
-"""grep (real ripgrep), glob_file_search and list_dir against the templates of ../shared/TOOLS.md."""
+"""grep (real ripgrep), glob_file_search and list_dir against the templates of docs/tools.md."""
 
 import os
 import subprocess
 
 import pytest
 
-from composer.chat import ToolCall
+from env.chat import ToolCall
 from env.tools import ToolContext, ToolResult, execute
 from env.tools.binaries import find_binary
 from env.tools.search import LIST_MAX_CHARS, MAX_OUTPUT_CHARS

@@ -1,11 +1,11 @@
-"""run_terminal_cmd: the template of ../shared/TOOLS.md, with a fake sandbox and with the real one."""
+"""run_terminal_cmd: the template of docs/tools.md, with a fake sandbox and with the real one."""
 
 import dataclasses
 import time
 
 import pytest
 
-from composer.chat import ToolCall
+from env.chat import ToolCall
 from env.tools import ToolContext, ToolResult, execute
 from env.tools.terminal import MAX_OUTPUT_CHARS
 

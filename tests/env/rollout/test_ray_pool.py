@@ -8,10 +8,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from composer import chat  # noqa: E402
-from composer import tokenizer as tk  # noqa: E402
-from composer.chat import ToolCall  # noqa: E402
-from env import expert  # noqa: E402
+from env import chat, expert  # noqa: E402
+from env import tokenizer as tk  # noqa: E402
+from env.chat import ToolCall  # noqa: E402
 from env.rollout import RolloutLimits, make_pool, run_episodes  # noqa: E402
 from env.rollout.driver import default_prompt  # noqa: E402
 from env.rollout.engines import ScriptedEngine, expert_script, turn_ids  # noqa: E402

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from composer import chat
-from composer import tokenizer as tk
-from composer.chat import CallError, ToolCall
-from env import expert
+from env import chat, expert
+from env import tokenizer as tk
+from env.chat import CallError, ToolCall
 from env.rollout import LocalPool, RolloutLimits, run_episodes
 from env.rollout.driver import default_prompt
 from env.rollout.engines import ScriptedEngine, expert_script, turn_ids
 from env.tasks import generate_suite
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LIMITS = RolloutLimits(
     max_turns=20, max_episode_tokens=1 << 16, max_turn_tokens=4096, episode_timeout_s=120.0
 )

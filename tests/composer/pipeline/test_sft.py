@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from composer import chat
-from composer import tokenizer as tk
 from composer.pipeline import sft
+from env import chat
+from env import tokenizer as tk
 
 
 def _trajectory(old: str = "a - b", new: str = "a + b") -> list[chat.Message]:

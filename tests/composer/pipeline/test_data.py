@@ -1,7 +1,7 @@
 """DATA's expert trajectories: the same seed records the same conversations."""
 
-from composer import chat
 from composer.pipeline import data as data_lib
+from env import chat
 from env.tasks import generate_task, split_seed
 
 

@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from composer import chat
-from composer import tokenizer as tk
 from composer.pipeline import rl, search_turns
+from env import chat
+from env import tokenizer as tk
 from experiments import composer as experiment
 
 Message, ToolCall = chat.Message, chat.ToolCall

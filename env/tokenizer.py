@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import tokenizers as hf
 
-from composer import chat
+from env import chat
 
 _SPECIAL_SPLIT = re.compile("|".join(re.escape(t) for t in chat.SPECIAL_TOKENS))
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tokenizers as hf
 
-from composer import chat
-from composer import tokenizer as tk
-from composer.chat import Message, ToolCall
+from env import chat
+from env import tokenizer as tk
+from env.chat import Message, ToolCall
 
 SOURCE = '''\
 def mean(xs: list[float]) -> float:

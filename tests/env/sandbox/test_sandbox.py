@@ -25,7 +25,7 @@ from env.sandbox import (
 from env.sandbox.slots import is_root, uid_processes
 from env.sandbox.workspace import workspace_cap_bytes
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 LIMITS = Limits(timeout_s=20.0)
 
 

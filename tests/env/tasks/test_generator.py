@@ -57,7 +57,7 @@ def test_deterministic_by_seed(tmp_path):
 
 def test_deterministic_across_processes(tmp_path):
     """No dependence on string hashing (set order) or anything else that differs between interpreters."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     code = "import sys; from env.tasks import generate_task; generate_task(7, 2, sys.argv[1], 'train')"
     trees = []
     for hash_seed in ("1", "2"):

@@ -12,7 +12,7 @@ import pytest
 from env.tasks import Task, TaskError, generate_task, load_suite, load_task, save_task
 from env.tasks.task import junit_path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _valid(tmp_path: Path) -> Path:

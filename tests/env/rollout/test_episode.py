@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from composer import chat
-from composer import tokenizer as tk
-from composer.chat import CallError, Message, ToolCall
+from env import chat
+from env import tokenizer as tk
+from env.chat import CallError, Message, ToolCall
 from env.rollout import Event, RolloutLimits, RolloutPool, iter_groups, run_episodes, run_episodes_sync
 from env.rollout.engines import ScriptedEngine, fake_logprob, turn_ids
 from env.rollout.episode import first_edit_after_read

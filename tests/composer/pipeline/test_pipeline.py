@@ -13,7 +13,7 @@ import pytest
 
 from composer.metrics import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ["--config=experiments/composer.py:tiny", "--config.rl.steps=4", "--config.checkpoint.every_steps=1"]
 # The data every test here starts from: 12 train tasks, of which SFT takes 8, and the expert's solutions of
 # the other 4 (rl_expert.jsonl), for the tests that run RL on them.

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from composer import chat
 from composer.pipeline import data as data_lib
 from composer.pipeline import expert_members, rl, rollouts, screen
+from env import chat
 from experiments import composer as experiment
 
 
@@ -240,13 +240,13 @@ def test_trajectories_are_matched_to_their_tasks():
 
 
 def _tokenizer(messages):
-    from composer import tokenizer as tk
+    from env import tokenizer as tk
 
     return tk.train_tokenizer([chat.render_text(messages)] * 10, vocab_size=300)
 
 
 def test_the_expert_guide_trains_only_its_turns_after_the_prefix():
-    from composer.tokenizer import render, render_prompt
+    from env.tokenizer import render, render_prompt
 
     messages = _conversation(edit=True)
     prefix = rollouts.before_first_edit(messages)
@@ -278,7 +278,7 @@ def test_a_guide_gives_an_unsolved_group_signal(algorithm):
 
 
 def test_a_guide_from_the_report_trains_every_expert_turn():
-    from composer.tokenizer import render
+    from env.tokenizer import render
 
     messages = _conversation(edit=True)
     tok = _tokenizer(messages)
@@ -324,7 +324,7 @@ def _expert_and_episode():
 def _assert_trains_the_turn_alone(seq: dict, prefix: list, turn: chat.Message, tok) -> int:
     """`seq` is `prefix` then the expert's `turn`, with the loss on that turn's tokens alone, reward 1,
     off-policy; returns its length."""
-    from composer.tokenizer import render
+    from env.tokenizer import render
 
     ids, _ = render([*prefix, turn], tok)
     np.testing.assert_array_equal(seq["tokens"], ids)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from composer import chat
-from composer.chat import CallError, Message, ParsedTurn, ToolCall
+from env import chat
+from env.chat import CallError, Message, ParsedTurn, ToolCall
 
 READ = ToolCall("read_file", {"target_file": "src/app.py", "offset": 3, "limit": 20})
 NESTED = ToolCall(
@@ -28,7 +28,7 @@ def test_jax_not_imported():
     # The host-side env/ code imports chat.py; it must stay free of JAX.
     import subprocess
 
-    code = "import sys, composer.chat; assert 'jax' not in sys.modules, 'jax imported'"
+    code = "import sys, env.chat; assert 'jax' not in sys.modules, 'jax imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(_repo_root()))
 
 

@@ -2,11 +2,11 @@
 
 import json
 
-from composer import chat
-from composer import tokenizer as tk
-from composer.chat import Message, ToolCall
 from composer.pipeline import next_call
 from composer.sampler import TurnOutput
+from env import chat
+from env import tokenizer as tk
+from env.chat import Message, ToolCall
 
 TESTS = ToolCall("run_terminal_cmd", {"command": "python -m pytest -q tests", "is_background": False})
 GREP = ToolCall("grep", {"pattern": "def median\\(", "path": "bankbook"})
