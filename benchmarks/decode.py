@@ -3,8 +3,8 @@
     python benchmarks/decode.py [--pairs 8] [--repeats 5] [--peer-python PATH] [--install-peer]
                                 [--peer-with-our-flags]
 
-Measured as the peer's harness (../shared/peers/tunix/decode_bench.py) measures: the wall time of one call
-that prefills the batch and generates N new tokens per row (here `Sampler.generate`, which returns host
+Measured as the peer's own decode benchmark (its harness, decode_bench.py) measures: the wall time of one
+call that prefills the batch and generates N new tokens per row (here `Sampler.generate`, which returns host
 lists), after a warm-up call that compiles; tokens/s = batch * N / median wall time. Every row generates
 exactly N tokens (the peer forbids EOS; here eos_id is None). Ours runs with the project's XLA flags
 (composer/xla_flags.py, as launch.py sets them); the peer with the environment this script was given, or
@@ -14,8 +14,8 @@ with our flags too (--peer-with-our-flags: they make the peer faster as well). T
 (1) peer_shape: the peer's default model and workload: 4 layers, d_model 256, 4 heads of 64 (4 kv heads),
     8 experts top-2, expert FFN 512, vocab 512, float32, rope theta 1e6, qk-norm; batch 8, prompt 32,
     64 new tokens, greedy, a cache of prompt + new tokens (as the peer sizes it).
-    The peer runs in its own venv (--peer-python, default ../shared/peers/tunix/.venv-tunix/bin/python;
-    --install-peer creates it: python3 -m venv + pip install google-tunix==0.1.7, about 1.6 GB). Without
+    The peer, google-tunix's sampler, runs in its own venv, whose interpreter --peer-python names
+    (--install-peer creates it: python3 -m venv + pip install google-tunix==0.1.7, about 1.6 GB). Without
     it, only our number is reported. With it, two measurements:
     - paired (the reported ratio_to_peer): a driver in the peer's venv builds the peer's model, sampler,
       prompts and call with decode_bench.py's own functions and arguments; our call and the peer's call
