@@ -1,5 +1,3 @@
-"""composer: everything that JAX traces (model, sampler, RL maths, train steps, sharding).
-
-Importing the package itself imports no JAX, so that host-side code (env/, the chat format) can use its
-plain-Python modules cheaply.
+"""composer: the model side. The traced code (model, MoE, attention, sampler, RL maths, train steps,
+sharding) and the host-side pipeline that drives it (composer/pipeline). It imports env/, never the reverse.
 """
