@@ -13,7 +13,7 @@ from env import tokenizer as tk
 from env.chat import CallError, Message, ToolCall
 from env.rollout import Event, RolloutLimits, RolloutPool, iter_groups, run_episodes, run_episodes_sync
 from env.rollout.engines import ScriptedEngine, fake_logprob, turn_ids
-from env.rollout.episode import first_edit_after_read
+from env.tools import first_edit_after_read
 
 LIMITS = RolloutLimits(max_turns=8, max_episode_tokens=4096, max_turn_tokens=256, episode_timeout_s=1e9)
 READ = ToolCall("read_file", {"target_file": "src/stats.py"})
