@@ -34,3 +34,13 @@ def check_triton_tiles(interpret: bool, **tiles: int) -> None:
         raise ValueError(
             f"Triton tiles {bad} are not powers of two >= 16: the tiled dimensions must be divisible by 16"
         )
+
+
+def matmul_tiles(
+    interpret: bool, m: int, k: int, n: int, block_m: int, block_k: int, block_n: int
+) -> dict[str, int]:
+    """block_m / block_k / block_n for a grouped-matmul kernel from their upper bounds: the row tile shrunk
+    towards m, the k and n tiles fitted to divide k and n (and checked for Triton unless interpreting)."""
+    tiles = dict(block_m=row_block(m, block_m), block_k=fit_block(k, block_k), block_n=fit_block(n, block_n))
+    check_triton_tiles(interpret, block_k=tiles["block_k"], block_n=tiles["block_n"])
+    return tiles

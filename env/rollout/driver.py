@@ -85,6 +85,26 @@ class EpisodeResult:
     empty_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 
+# What an EpisodeResult takes from its Episode as it is (the rest it derives or adds).
+_FROM_EPISODE = (
+    "task_id",
+    "group",
+    "member",
+    "episode_id",
+    "ids",
+    "loss_mask",
+    "logprobs",
+    "messages",
+    "truncated",
+    "truncation",
+    "n_turns",
+    "n_tool_calls",
+    "n_tool_errors",
+    "n_parallel_turns",
+    "n_cut_turns",
+)
+
+
 def default_prompt(task: Any) -> list[Message]:
     """The opening of an episode: the system turn with the tool schemas, then the task's bug report; the same
     opening as the expert's trajectories, so that RL prompts are the ones SFT trained on."""
@@ -107,36 +127,32 @@ def episode_key(request: str) -> str:
     return request.rsplit("@", 1)[0].rsplit("#", 1)[0]
 
 
+@dataclasses.dataclass(eq=False)
 class _Rollout:
-    """The bookkeeping both drivers share: starting episodes, feeding turns and events through the state
-    machine, restarts, collecting results by group. The drivers only decide WHEN turns enter the engine."""
+    """The episodes' bookkeeping under `iter_groups`' loop: starting episodes, feeding turns and events
+    through the state machine, restarts, collecting results by group. The loop only decides WHEN turns enter
+    the engine (continuously, or in lockstep for the synchronous baseline)."""
 
-    def __init__(
-        self,
-        tasks: Sequence[Any],
-        engine: Engine,
-        pool: RolloutPool,
-        *,
-        tokenizer: Any,
-        group_size: int,
-        limits: RolloutLimits,
-        grade: bool,
-        max_restarts: int,
-        prompt_fn: Callable[[Any], list[Message]],
-        clock: Callable[[], float],
-    ):
-        self.tasks, self.engine, self.pool, self.tok = tasks, engine, pool, tokenizer
-        self.group_size, self.limits, self.grade, self.max_restarts = group_size, limits, grade, max_restarts
-        self.clock = clock
-        self.prompts = [prompt_fn(t) for t in tasks]
-        self.prompt_ids: dict[int, list[int]] = {}  # rendered once per task, on first use
-        self.live: dict[str, Episode] = {}
-        self.requests: dict[str, str] = {}  # engine request id -> episode id
-        self.ready: list[Episode] = []  # in GENERATE, not yet given to the engine
-        self.first_start: dict[tuple[int, int], float] = {}
-        self.restarts: collections.Counter = collections.Counter()
-        self.results: dict[int, dict[int, EpisodeResult]] = collections.defaultdict(dict)
-        self.done_groups: list[int] = []
+    tasks: Sequence[Any]
+    engine: Engine
+    pool: RolloutPool
+    tok: Any
+    group_size: int
+    limits: RolloutLimits
+    grade: bool
+    max_restarts: int
+    prompts: list[list[Message]]  # each task's opening messages
+    clock: Callable[[], float]
+    prompt_ids: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # per task, on first use
+    live: dict[str, Episode] = dataclasses.field(default_factory=dict)
+    requests: dict[str, str] = dataclasses.field(default_factory=dict)  # engine request id -> episode id
+    ready: list[Episode] = dataclasses.field(default_factory=list)  # in GENERATE, not yet with the engine
+    first_start: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
+    restarts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    results: dict[int, dict[int, EpisodeResult]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(dict)
+    )
+    done_groups: list[int] = dataclasses.field(default_factory=list)
 
     # -- the driver's moves
     def start(self, group: int, member: int) -> None:
@@ -241,23 +257,9 @@ class _Rollout:
     def _record(self, ep: Episode, grade: Any, error: str | None) -> None:
         key = (ep.group, ep.member)
         self.results[ep.group][ep.member] = EpisodeResult(
-            task_id=ep.task_id,
-            group=ep.group,
-            member=ep.member,
-            episode_id=ep.episode_id,
-            ids=ep.ids,
-            loss_mask=ep.loss_mask,
-            logprobs=ep.logprobs,
-            messages=ep.messages,
+            **{name: getattr(ep, name) for name in _FROM_EPISODE},
             reward=None if grade is None else float(grade.reward),
             components=dict(grade.components) if grade is not None else {},
-            truncated=ep.truncated,
-            truncation=ep.truncation,
-            n_turns=ep.n_turns,
-            n_tool_calls=ep.n_tool_calls,
-            n_tool_errors=ep.n_tool_errors,
-            n_parallel_turns=ep.n_parallel_turns,
-            n_cut_turns=ep.n_cut_turns,
             searched_before_edit=first_edit_after_read(ep.turn_calls),
             restarts=self.restarts[key],
             wall_s=self.clock() - self.first_start[key],
@@ -284,6 +286,7 @@ def iter_groups(
     group_size: int,
     limits: RolloutLimits,
     max_active: int,
+    lockstep: bool = False,
     grade: bool = True,
     max_restarts: int = 2,
     prompt_fn: Callable[[Any], list[Message]] = default_prompt,
@@ -295,30 +298,28 @@ def iter_groups(
 
     At most `max_active` episodes are alive at once (each holds a workspace); a finished episode's place goes
     to the next one in task order at once. The loop never blocks on the pool while the engine has work.
+
+    `lockstep` is the synchronous baseline's schedule instead: the next `max_active` episodes start only when
+    the whole batch before them is done, and a turn of the batch goes to the engine only when every live
+    member's previous turn has finished generating and its tools have returned.
     """
     if max_active < 1 or group_size < 1:
         raise ValueError(f"max_active ({max_active}) and group_size ({group_size}) must be at least 1")
-    ro = _Rollout(
-        tasks,
-        engine,
-        pool,
-        tokenizer=tokenizer,
-        group_size=group_size,
-        limits=limits,
-        grade=grade,
-        max_restarts=max_restarts,
-        prompt_fn=prompt_fn,
-        clock=clock,
-    )
+    prompts = [prompt_fn(t) for t in tasks]
+    ro = _Rollout(tasks, engine, pool, tokenizer, group_size, limits, grade, max_restarts, prompts, clock)
     queue = collections.deque((g, m) for g in range(len(tasks)) for m in range(group_size))
     while queue or ro.live:
-        while queue and len(ro.live) < max_active:
-            ro.start(*queue.popleft())
-        ro.submit_ready()
+        if not (lockstep and ro.live):
+            while queue and len(ro.live) < max_active:
+                ro.start(*queue.popleft())
+        if not lockstep or ro.generating() == ro.in_tools() == 0:  # lockstep: the whole batch's turns at once
+            ro.submit_ready()
         busy = engine.pending() > 0
         if busy:
             ro.on_outputs(engine.step())
-        ro.on_events(pool.poll(0.0 if busy or ro.ready else poll_s))
+        # Waits on the pool only when the engine is idle: every ready turn has been given to it by now, but
+        # those held back by the lockstep barrier, which only tool results can release.
+        ro.on_events(pool.poll(0.0 if busy else poll_s))
         yield from ro.pop_groups()
 
 
@@ -327,67 +328,24 @@ def run_episodes(
     engine: Engine,
     pool: RolloutPool,
     *,
-    tokenizer: Any,
     group_size: int,
-    limits: RolloutLimits,
     max_active: int | None = None,
     **kwargs: Any,
 ) -> list[EpisodeResult]:
-    """All episodes of `iter_groups` (max_active defaults to every episode at once), in task-then-member
-    order."""
+    """All episodes of `iter_groups` (kwargs as there; max_active defaults to every episode at once), in
+    task-then-member order."""
     n = len(tasks) * group_size
-    groups = iter_groups(
-        tasks,
-        engine,
-        pool,
-        tokenizer=tokenizer,
-        group_size=group_size,
-        limits=limits,
-        max_active=max_active or n,
-        **kwargs,
-    )
+    groups = iter_groups(tasks, engine, pool, group_size=group_size, max_active=max_active or n, **kwargs)
     return sorted((r for g in groups for r in g), key=lambda r: (r.group, r.member))
 
 
 def run_episodes_sync(
-    tasks: Sequence[Any],
-    engine: Engine,
-    pool: RolloutPool,
-    *,
-    tokenizer: Any,
-    group_size: int,
-    limits: RolloutLimits,
-    batch_size: int,
-    grade: bool = True,
-    max_restarts: int = 2,
-    prompt_fn: Callable[[Any], list[Message]] = default_prompt,
-    poll_s: float = 0.05,
-    clock: Callable[[], float] = time.monotonic,
+    tasks: Sequence[Any], engine: Engine, pool: RolloutPool, *, batch_size: int, **kwargs: Any
 ) -> list[EpisodeResult]:
     """The synchronous baseline: batches of `batch_size` episodes; within a batch every turn starts only when
     the previous turn of every member has finished generating and its tools have returned, and the next batch
-    starts when the whole batch is graded. Same state machine and results as `run_episodes`."""
-    ro = _Rollout(
-        tasks,
-        engine,
-        pool,
-        tokenizer=tokenizer,
-        group_size=group_size,
-        limits=limits,
-        grade=grade,
-        max_restarts=max_restarts,
-        prompt_fn=prompt_fn,
-        clock=clock,
-    )
-    order = [(g, m) for g in range(len(tasks)) for m in range(group_size)]
-    for i in range(0, len(order), batch_size):
-        for key in order[i : i + batch_size]:
-            ro.start(*key)
-        while ro.live:
-            if ro.generating() == 0 and ro.in_tools() == 0:
-                ro.submit_ready()  # the barrier: the whole batch's next turn at once
-            busy = engine.pending() > 0
-            if busy:
-                ro.on_outputs(engine.step())
-            ro.on_events(pool.poll(0.0 if busy else poll_s))
-    return sorted((r for g in ro.results.values() for r in g.values()), key=lambda r: (r.group, r.member))
+    starts when the whole batch is graded (`iter_groups` in lockstep; kwargs as there). Same state machine
+    and results as `run_episodes`, in the same order."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    return run_episodes(tasks, engine, pool, max_active=batch_size, lockstep=True, **kwargs)

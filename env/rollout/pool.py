@@ -85,6 +85,8 @@ class LocalPool(RolloutPool):
     tools: the tools episodes may call (None: all of them; env.tools.ToolContext).
     """
 
+    _workers_are = "workers"  # what errors call the workers
+
     def __init__(
         self,
         n_workers: int,
@@ -185,14 +187,14 @@ class LocalPool(RolloutPool):
         for episode_id in list(self._where):  # left by workers that died or did not stop in time
             self._forget(episode_id, remove_workspace=True)
 
-    # -- LocalPool only (tests, benchmarks, debugging)
+    # -- beside the interface (tests, benchmarks, debugging)
     def wait_ready(self, timeout: float) -> list[Event]:
-        """Waits until every worker process has started and reported in; returns the events seen meanwhile."""
+        """Waits until every worker has started and reported in; returns the events seen meanwhile."""
         events: list[Event] = []
         deadline = time.monotonic() + timeout
         while any(w.pid is None for w in self._workers):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"rollout workers not ready after {timeout} s")
+                raise TimeoutError(f"rollout {self._workers_are} not ready after {timeout} s")
             events += self.poll(0.05)
         return events
 
@@ -265,19 +267,24 @@ class LocalPool(RolloutPool):
         events.append(ev)
 
     def _replace(self, index: int, events: list[Event]) -> None:
-        """Replaces a dead worker with a new process; its episodes get 'restart' events."""
+        """Replaces a dead worker with a fresh one; its episodes get 'restart' events."""
+        reason = self._end_worker(index)
         w = self._workers[index]
-        if w.process.is_alive():  # its pipe broke but it still runs: make sure it is gone
-            w.process.kill()
-        w.process.join(5.0)
-        reason = f"worker {index} (pid {w.process.pid}) exited with code {w.process.exitcode}"
         for episode_id in sorted(w.episodes):
             events.append(Event(episode_id, "restart", {"reason": reason, "worker": index}))
             self._forget(episode_id, remove_workspace=True)
             self._counts["episodes_restarted"] += 1
-        w.conn.close()
         self._counts["worker_restarts"] += 1
         self._workers[index] = self._spawn(index)
+
+    def _end_worker(self, index: int) -> str:
+        """Makes sure a dead worker's process is gone; returns how it ended, for its episodes' restarts."""
+        w = self._workers[index]
+        if w.process.is_alive():  # its pipe broke but it still runs
+            w.process.kill()
+        w.process.join(5.0)
+        w.conn.close()
+        return f"worker {index} (pid {w.process.pid}) exited with code {w.process.exitcode}"
 
     def _forget(self, episode_id: str, remove_workspace: bool = False) -> None:
         index = self._where.pop(episode_id)

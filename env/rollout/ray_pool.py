@@ -104,17 +104,15 @@ class _ActorState:
 
 class RayPool(LocalPool):
     """`n_workers` Ray actors; episodes pinned to the least loaded actor, as in LocalPool (whose bookkeeping,
-    events and metrics it shares: only how workers are started, reached and replaced differs)."""
+    events and metrics it shares: only how workers are started, reached and replaced differs).
+
+    address and num_cpus: which cluster (see the module docstring); the other keywords are LocalPool's.
+    """
+
+    _workers_are = "actors"
 
     def __init__(
-        self,
-        n_workers: int,
-        *,
-        isolation: str = "auto",
-        limits: Any = None,
-        tools: tuple[str, ...] | None = None,
-        address: str | None = None,
-        num_cpus: int | None = None,
+        self, n_workers: int, *, address: str | None = None, num_cpus: int | None = None, **options: Any
     ) -> None:
         import ray
 
@@ -134,7 +132,7 @@ class RayPool(LocalPool):
         # not by a CPU count (their tools run as child processes the sandbox limits).
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)(RolloutActor)
         self._actors: list[_ActorState] = []
-        super().__init__(n_workers, isolation=isolation, limits=limits, tools=tools)
+        super().__init__(n_workers, **options)
 
     # -- the interface (start_episode, submit_calls, finish_episode, metrics: LocalPool's)
     def poll(self, timeout: float) -> list[Event]:
@@ -178,16 +176,7 @@ class RayPool(LocalPool):
         if self._owns_ray:
             ray.shutdown()
 
-    # -- RayPool only (tests, benchmarks, debugging)
-    def wait_ready(self, timeout: float) -> list[Event]:
-        events: list[Event] = []
-        deadline = time.monotonic() + timeout
-        while any(w.pid is None for w in self._workers):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rollout actors not ready after {timeout} s")
-            events += self.poll(0.05)
-        return events
-
+    # -- RayPool only (tests, benchmarks, debugging; wait_ready: LocalPool's)
     def actor_of(self, episode_id: str) -> Any:
         """The actor handle that holds `episode_id` (e.g. for ray.kill in tests)."""
         return self._workers[self._worker_of(episode_id)].process
@@ -215,14 +204,7 @@ class RayPool(LocalPool):
         self._workers[index].process.send.remote(state.sent, message)
         state.sent += 1
 
-    def _replace(self, index: int, events: list[Event]) -> None:
-        """Replaces a dead actor with a new one; its episodes get 'restart' events."""
+    def _end_worker(self, index: int) -> str:
         w = self._workers[index]
         self._ray.kill(w.process, no_restart=True)
-        reason = f"actor {index} (pid {w.pid}) died"
-        for episode_id in sorted(w.episodes):
-            events.append(Event(episode_id, "restart", {"reason": reason, "worker": index}))
-            self._forget(episode_id, remove_workspace=True)
-            self._counts["episodes_restarted"] += 1
-        self._counts["worker_restarts"] += 1
-        self._workers[index] = self._spawn(index)
+        return f"actor {index} (pid {w.pid}) died"

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels_pallas.gpu_backend import triton_params
+from kernels_pallas.online_softmax import softmax_init, softmax_step
+from kernels_pallas.pallas_call import jit_kernel, triton_call
 
 _F32 = jnp.float32
 LOG2E = math.log2(math.e)
@@ -38,21 +39,13 @@ def _decode_kernel(limit_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, spl
     n_visible = jnp.clip(limit - start, 0, split)
 
     def body(j, carry):
-        o, m, denom = carry
         ks = pl.ds(j * block_k, block_k)
         z = _dot(q, k_ref[ks, :], 1, 1) * (scale * LOG2E)  # [r_pad, block_k]
         k_idx = j * block_k + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
         z = jnp.where((k_idx < n_visible)[None, :], z, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(z, axis=1))
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        alpha = jnp.exp2(m - m_safe)
-        p = jnp.exp2(z - m_safe[:, None])
-        denom = alpha * denom + jnp.sum(p, axis=1)
-        v = v_ref[ks, :]
-        o = alpha[:, None] * o + _dot(p.astype(v.dtype), v, 1, 0)
-        return o, m_new, denom
+        return softmax_step(carry, z, v_ref[ks, :])
 
-    init = (jnp.zeros((r_pad, h), _F32), jnp.full((r_pad,), -jnp.inf, _F32), jnp.zeros((r_pad,), _F32))
+    init = softmax_init(r_pad, h)
     o, m, denom = lax.fori_loop(0, lax.div(n_visible + block_k - 1, block_k), body, init)
     has_keys = denom > 0
     l_safe = jnp.where(has_keys, denom, 1.0)
@@ -60,9 +53,7 @@ def _decode_kernel(limit_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, spl
     lse_ref[...] = jnp.where(has_keys, m + jnp.log2(l_safe), -jnp.inf)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("scale", "split", "block_k", "num_warps", "num_stages", "interpret")
-)
+@jit_kernel("scale", "split", "block_k")
 def decode_partials(
     q_bgrh: jax.Array,
     k_bsgh: jax.Array,
@@ -84,7 +75,7 @@ def decode_partials(
     s = k_bsgh.shape[1]
     n_splits = s // split
     kv_spec = pl.BlockSpec((None, split, None, h), lambda bi, gi, si: (bi, si, gi, 0))
-    return pl.pallas_call(
+    return triton_call(
         functools.partial(_decode_kernel, scale=scale, split=split, block_k=block_k),
         grid=(b, g, n_splits),
         in_specs=[
@@ -101,7 +92,8 @@ def decode_partials(
             jax.ShapeDtypeStruct((b, n_splits, g, r_pad, h), _F32),
             jax.ShapeDtypeStruct((b, n_splits, g, r_pad), _F32),
         ],
-        compiler_params=triton_params(num_warps, num_stages),
-        interpret=interpret,
         name="decode_attention",
+        num_warps=num_warps,
+        num_stages=num_stages,
+        interpret=interpret,
     )(limit_b, q_bgrh, k_bsgh, v_bsgh)

@@ -6,7 +6,6 @@ backend) and merged with a log-sum-exp. Used by the sampler, so it has no gradie
 """
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -14,7 +13,7 @@ import jax.numpy as jnp
 
 from kernels_pallas.block_sizes import check_triton_tiles, fit_block
 from kernels_pallas.decode_attention.kernel import decode_partials
-from kernels_pallas.gpu_backend import resolve_interpret
+from kernels_pallas.pallas_call import jit_op, launch_args, op_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +40,7 @@ def combine_splits(o_bsgrh: jax.Array, lse_bsgr: jax.Array) -> jax.Array:
     return o / jnp.where(total > 0, total, 1.0)[..., None]
 
 
-@functools.partial(jax.jit, static_argnames=("config", "interpret"))
+@jit_op
 def decode_attention(
     q_b1nh: jax.Array,
     k_bsgh: jax.Array,
@@ -56,7 +55,7 @@ def decode_attention(
 
     interpret: None picks Pallas interpret mode on CPU only.
     """
-    config = config or DecodeConfig()
+    config = op_config(config, DecodeConfig, interpret)
     b, t, n, h = q_b1nh.shape
     s, g = k_bsgh.shape[1], k_bsgh.shape[2]
     if t != 1:
@@ -68,8 +67,7 @@ def decode_attention(
     limit = jnp.minimum(kv_len_b.astype(jnp.int32), q_pos_b1[:, 0].astype(jnp.int32) + 1)
     split = fit_block(s, config.split)
     block_k = fit_block(split, config.block_k)
-    interpret = resolve_interpret(interpret)
-    check_triton_tiles(interpret, head_dim=h, block_k=block_k)
+    check_triton_tiles(config.interpret, head_dim=h, block_k=block_k)
     o_part, lse_part = decode_partials(
         q_bgrh,
         k_bsgh,
@@ -78,9 +76,7 @@ def decode_attention(
         scale=1.0 / math.sqrt(h),
         split=split,
         block_k=block_k,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        interpret=interpret,
+        **launch_args(config),
     )
     o = combine_splits(o_part, lse_part)[:, :, :r]  # [b, g, r, h]
     return o.reshape(b, 1, n, h).astype(q_b1nh.dtype)

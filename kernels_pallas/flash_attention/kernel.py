@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels_pallas.gpu_backend import triton_params
+from kernels_pallas.online_softmax import softmax_init, softmax_step
+from kernels_pallas.pallas_call import jit_kernel, triton_call
 
 _F32 = jnp.float32
 LOG2E = math.log2(math.e)
@@ -52,20 +53,12 @@ def _fwd_kernel(kv_len_ref, pos_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, sca
     block_q, h = q.shape
 
     def body(j, carry):
-        o, m, denom = carry
         ks = pl.ds(j * block_k, block_k)
         z = _dot(q, k_ref[ks, :], 1, 1) * (scale * LOG2E)  # [block_q, block_k]
         z = jnp.where(_visible(q_pos, j * block_k, block_k, kv_len), z, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(z, axis=1))
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        alpha = jnp.exp2(m - m_safe)
-        p = jnp.exp2(z - m_safe[:, None])
-        denom = alpha * denom + jnp.sum(p, axis=1)
-        v = v_ref[ks, :]
-        o = alpha[:, None] * o + _dot(p.astype(v.dtype), v, 1, 0)
-        return o, m_new, denom
+        return softmax_step(carry, z, v_ref[ks, :])
 
-    init = (jnp.zeros((block_q, h), _F32), jnp.full((block_q,), -jnp.inf, _F32), jnp.zeros((block_q,), _F32))
+    init = softmax_init(block_q, h)
     o, m, denom = lax.fori_loop(0, _n_key_blocks(q_pos, kv_len, block_k), body, init)
     has_keys = denom > 0
     o_ref[...] = (o / jnp.where(has_keys, denom, 1.0)[:, None]).astype(o_ref.dtype)
@@ -81,9 +74,7 @@ def _common_specs(s, h, r, block_q):
     return q_spec, kv_spec, row_spec, pos_spec
 
 
-@functools.partial(
-    jax.jit, static_argnames=("scale", "block_q", "block_k", "num_warps", "num_stages", "interpret")
-)
+@jit_kernel("scale", "block_q", "block_k")
 def flash_forward(
     q_btnh: jax.Array,
     k_bsgh: jax.Array,
@@ -102,7 +93,7 @@ def flash_forward(
     b, t, n, h = q_btnh.shape
     s, g = k_bsgh.shape[1], k_bsgh.shape[2]
     q_spec, kv_spec, row_spec, pos_spec = _common_specs(s, h, n // g, block_q)
-    return pl.pallas_call(
+    return triton_call(
         functools.partial(_fwd_kernel, scale=scale, block_k=block_k),
         grid=(n, t // block_q, b),
         in_specs=[pl.BlockSpec((b,), lambda i, qi, bb: (0,)), pos_spec, q_spec, kv_spec, kv_spec],
@@ -111,9 +102,10 @@ def flash_forward(
             jax.ShapeDtypeStruct(q_btnh.shape, q_btnh.dtype),
             jax.ShapeDtypeStruct((b, n, t), _F32),
         ],
-        compiler_params=triton_params(num_warps, num_stages),
-        interpret=interpret,
         name="flash_forward",
+        num_warps=num_warps,
+        num_stages=num_stages,
+        interpret=interpret,
     )(kv_len_b, q_pos_bt, q_btnh, k_bsgh, v_bsgh)
 
 
@@ -195,19 +187,7 @@ def _dkv_kernel(
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "scale",
-        "block_q",
-        "block_k",
-        "block_q_bwd",
-        "block_k_bwd",
-        "num_warps",
-        "num_stages",
-        "interpret",
-    ),
-)
+@jit_kernel("scale", "block_q", "block_k", "block_q_bwd", "block_k_bwd")
 def flash_backward(
     q_btnh: jax.Array,
     k_bsgh: jax.Array,
@@ -232,19 +212,18 @@ def flash_backward(
     s, g = k_bsgh.shape[1], k_bsgh.shape[2]
     r = n // g
     delta_bnt = jnp.einsum("btnh,btnh->bnt", o_btnh.astype(_F32), do_btnh.astype(_F32))
-    params = triton_params(num_warps, num_stages)
+    launch = dict(num_warps=num_warps, num_stages=num_stages, interpret=interpret)
     kv_len_spec = pl.BlockSpec((b,), lambda *_: (0,))
 
     q_spec, kv_spec, row_spec, pos_spec = _common_specs(s, h, r, block_q)
-    dq = pl.pallas_call(
+    dq = triton_call(
         functools.partial(_dq_kernel, scale=scale, block_k=block_k),
         grid=(n, t // block_q, b),
         in_specs=[kv_len_spec, pos_spec, q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec],
         out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct(q_btnh.shape, q_btnh.dtype),
-        compiler_params=params,
-        interpret=interpret,
         name="flash_dq",
+        **launch,
     )(kv_len_b, q_pos_bt, q_btnh, k_bsgh, v_bsgh, do_btnh, lse_bnt, delta_bnt)
 
     n_q_tiles = t // block_q_bwd
@@ -252,7 +231,7 @@ def flash_backward(
     group_q_spec = pl.BlockSpec((None, t, r, h), lambda kt, gi, bb: (bb, 0, gi, 0))
     group_row_spec = pl.BlockSpec((None, r, t), lambda kt, gi, bb: (bb, gi, 0))
     kv_tile_spec = pl.BlockSpec((None, block_k_bwd, None, h), lambda kt, gi, bb: (bb, kt, gi, 0))
-    dk, dv = pl.pallas_call(
+    dk, dv = triton_call(
         functools.partial(_dkv_kernel, scale=scale, block_q=block_q_bwd, r=r),
         grid=(s // block_k_bwd, g, b),
         in_specs=[
@@ -271,8 +250,7 @@ def flash_backward(
             jax.ShapeDtypeStruct(k_bsgh.shape, k_bsgh.dtype),
             jax.ShapeDtypeStruct(v_bsgh.shape, v_bsgh.dtype),
         ],
-        compiler_params=params,
-        interpret=interpret,
         name="flash_dkv",
+        **launch,
     )(kv_len_b, q_pos_bt, block_max_pos, q_btnh, k_bsgh, v_bsgh, do_btnh, lse_bnt, delta_bnt)
     return dq, dk, dv

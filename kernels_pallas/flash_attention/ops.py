@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from kernels_pallas.block_sizes import check_triton_tiles, row_block
 from kernels_pallas.flash_attention.kernel import flash_backward, flash_forward
-from kernels_pallas.gpu_backend import resolve_interpret
+from kernels_pallas.pallas_call import jit_op, launch_args, op_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +54,6 @@ def _tiles(config: FlashConfig, t: int, s: int) -> dict:
     )
 
 
-def _launch(config: FlashConfig) -> dict:
-    return dict(num_warps=config.num_warps, num_stages=config.num_stages, interpret=config.interpret)
-
-
 def _padded(q, k, v, q_pos, kv_len, tiles):
     q = _pad_axis(q, 1, tiles["t_pad"])
     q_pos = _pad_axis(q_pos.astype(jnp.int32), 1, tiles["t_pad"], value=-1)
@@ -77,7 +73,7 @@ def _forward(q, k, v, q_pos, kv_len, config):
         scale=1.0 / math.sqrt(h),
         block_q=tiles["block_q"],
         block_k=tiles["block_k"],
-        **_launch(config),
+        **launch_args(config),
     )
     return o_pad[:, :t], o_pad, lse
 
@@ -106,7 +102,7 @@ def _flash_bwd(config, residuals, do):
         block_k=tiles["block_k"],
         block_q_bwd=tiles["block_q_bwd"],
         block_k_bwd=tiles["block_k_bwd"],
-        **_launch(config),
+        **launch_args(config),
     )
     return dq[:, :t], dk[:, :s], dv[:, :s], None, None
 
@@ -114,7 +110,7 @@ def _flash_bwd(config, residuals, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "interpret"))
+@jit_op
 def flash_attention(
     q_btnh: jax.Array,
     k_bsgh: jax.Array,
@@ -129,8 +125,7 @@ def flash_attention(
 
     interpret: None picks Pallas interpret mode on CPU only.
     """
-    config = config or FlashConfig()
-    config = dataclasses.replace(config, interpret=resolve_interpret(interpret))
+    config = op_config(config, FlashConfig, interpret)
     # Triton dots take one operand dtype; the casts sit outside the custom_vjp, so autodiff handles them
     k_bsgh, v_bsgh = k_bsgh.astype(q_btnh.dtype), v_bsgh.astype(q_btnh.dtype)
     return _flash(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b, config)

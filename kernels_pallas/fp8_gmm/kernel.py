@@ -19,8 +19,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from kernels_pallas.gmm.kernel import tile_group_ranges
-from kernels_pallas.gpu_backend import triton_params
+from kernels_pallas.gmm.kernel import row_tiling
+from kernels_pallas.pallas_call import jit_kernel, triton_call
 
 _F32 = jnp.float32
 
@@ -64,10 +64,7 @@ def _fp8_gmm_kernel(
     pl_triton.store(out_ref.at[pl.ds(row0, block_m), :], out.astype(out_ref.dtype), mask=valid[:, None])
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("out_dtype", "block_m", "block_k", "block_n", "num_warps", "num_stages", "interpret"),
-)
+@jit_kernel("out_dtype", "block_m", "block_k", "block_n")
 def fp8_gmm_pallas(
     lhs_q_mk: jax.Array,
     row_scale_m: jax.Array,
@@ -86,24 +83,21 @@ def fp8_gmm_pallas(
     """out [m, n] in out_dtype; needs k % block_k == 0 and n % block_n == 0 (m is masked)."""
     m, k = lhs_q_mk.shape
     e, n, _ = rhs_q_enk.shape
-    lo, hi = tile_group_ranges(offsets_e1, m, block_m)
-    n_tiles_m = pl.cdiv(m, block_m)
+    lo, hi, lead_specs = row_tiling(offsets_e1, m, k, block_m)
     kernel = functools.partial(_fp8_gmm_kernel, block_m=block_m, block_k=block_k, k=k)
-    return pl.pallas_call(
+    return triton_call(
         kernel,
-        grid=(n_tiles_m, n // block_n),
+        grid=(pl.cdiv(m, block_m), n // block_n),
         in_specs=[
-            pl.BlockSpec((n_tiles_m,), lambda i, j: (0,)),
-            pl.BlockSpec((n_tiles_m,), lambda i, j: (0,)),
-            pl.BlockSpec((e + 1,), lambda i, j: (0,)),
-            pl.BlockSpec((m, k), lambda i, j: (0, 0)),
+            *lead_specs,
             pl.BlockSpec((m,), lambda i, j: (0,)),
             pl.BlockSpec((e, block_n, k), lambda i, j: (0, j, 0)),
             pl.BlockSpec((e, block_n), lambda i, j: (0, j)),
         ],
         out_specs=pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
-        compiler_params=triton_params(num_warps, num_stages),
-        interpret=interpret,
         name="fp8_gmm",
+        num_warps=num_warps,
+        num_stages=num_stages,
+        interpret=interpret,
     )(lo, hi, offsets_e1, lhs_q_mk, row_scale_m, rhs_q_enk, col_scale_en)

@@ -20,12 +20,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.block_sizes import check_triton_tiles, fit_block, row_block
+from kernels_pallas.block_sizes import matmul_tiles
 from kernels_pallas.fp8_gmm.kernel import fp8_gmm_pallas
 from kernels_pallas.fp8_gmm.quantize import quantize_channels
-from kernels_pallas.gmm.ops import GmmConfig, grouped_matmul, transposed_grouped_matmul
+from kernels_pallas.gmm.ops import GmmConfig, gmm_backward
 from kernels_pallas.gmm.reference import group_offsets
-from kernels_pallas.gpu_backend import resolve_interpret
+from kernels_pallas.pallas_call import jit_op, launch_args, op_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +44,7 @@ class Fp8GmmConfig:
 def _forward(lhs_mk, rhs_ekn, offsets, config):
     m, k = lhs_mk.shape
     n = rhs_ekn.shape[2]
-    block_k, block_n = fit_block(k, config.block_k), fit_block(n, config.block_n)
-    check_triton_tiles(config.interpret, block_k=block_k, block_n=block_n)
+    tiles = matmul_tiles(config.interpret, m, k, n, config.block_m, config.block_k, config.block_n)
     lhs_q, row_scale = quantize_channels(lhs_mk, axis=1)
     # quantise over k and write [e, n, k]: K-major for Hopper's fp8 MMA (one fused XLA pass over rhs)
     rhs_q, col_scale = quantize_channels(jnp.swapaxes(rhs_ekn, 1, 2), axis=2)
@@ -56,18 +55,9 @@ def _forward(lhs_mk, rhs_ekn, offsets, config):
         col_scale[:, :, 0],
         offsets,
         out_dtype=lhs_mk.dtype,
-        block_m=row_block(m, config.block_m),
-        block_k=block_k,
-        block_n=block_n,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        interpret=config.interpret,
+        **tiles,
+        **launch_args(config),
     )
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _gmm_fp8(lhs_mk, rhs_ekn, group_sizes_e, config):
-    return _forward(lhs_mk, rhs_ekn, group_offsets(group_sizes_e, lhs_mk.shape[0]), config)
 
 
 def _gmm_fp8_fwd(lhs_mk, rhs_ekn, group_sizes_e, config):
@@ -75,18 +65,20 @@ def _gmm_fp8_fwd(lhs_mk, rhs_ekn, group_sizes_e, config):
     return _forward(lhs_mk, rhs_ekn, offsets, config), (lhs_mk, rhs_ekn, offsets)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _gmm_fp8(lhs_mk, rhs_ekn, group_sizes_e, config):
+    return _gmm_fp8_fwd(lhs_mk, rhs_ekn, group_sizes_e, config)[0]
+
+
 def _gmm_fp8_bwd(config, residuals, dy_mn):
-    lhs_mk, rhs_ekn, offsets = residuals
     bwd = dataclasses.replace(config.backward, interpret=config.interpret)
-    d_lhs = grouped_matmul(dy_mn.astype(lhs_mk.dtype), rhs_ekn, offsets, bwd, transpose_rhs=True)
-    d_rhs = transposed_grouped_matmul(lhs_mk, dy_mn, offsets, rhs_ekn.dtype, bwd)
-    return d_lhs, d_rhs, None
+    return *gmm_backward(residuals, dy_mn, bwd), None
 
 
 _gmm_fp8.defvjp(_gmm_fp8_fwd, _gmm_fp8_bwd)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "interpret"))
+@jit_op
 def gmm_fp8(
     lhs_md: jax.Array,
     rhs_edf: jax.Array,
@@ -99,6 +91,4 @@ def gmm_fp8(
 
     interpret: None picks Pallas interpret mode on CPU only.
     """
-    config = config or Fp8GmmConfig()
-    config = dataclasses.replace(config, interpret=resolve_interpret(interpret))
-    return _gmm_fp8(lhs_md, rhs_edf, group_sizes_e, config)
+    return _gmm_fp8(lhs_md, rhs_edf, group_sizes_e, op_config(config, Fp8GmmConfig, interpret))

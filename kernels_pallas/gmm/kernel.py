@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from kernels_pallas.gpu_backend import triton_params
+from kernels_pallas.pallas_call import jit_kernel, triton_call
 
 _F32 = jnp.float32
 
@@ -46,6 +46,20 @@ def tile_group_ranges(offsets_e1: jax.Array, m: int, block_m: int) -> tuple[jax.
     lo = jnp.searchsorted(offsets_e1[1:], starts, side="right").astype(jnp.int32)
     hi = jnp.searchsorted(offsets_e1[:-1], ends, side="left").astype(jnp.int32)
     return lo, hi
+
+
+def row_tiling(offsets_e1: jax.Array, m: int, k: int, block_m: int) -> tuple[jax.Array, jax.Array, list]:
+    """For a kernel on the (m tiles, n tiles) grid: each row tile's group range (lo, hi) and the specs of the
+    kernel's first four inputs, lo, hi, the group offsets and lhs [m, k] (all whole in every program)."""
+    lo, hi = tile_group_ranges(offsets_e1, m, block_m)
+    tiles = pl.BlockSpec(lo.shape, lambda i, j: (0,))
+    specs = [
+        tiles,
+        tiles,
+        pl.BlockSpec(offsets_e1.shape, lambda i, j: (0,)),
+        pl.BlockSpec((m, k), lambda i, j: (0, 0)),
+    ]
+    return lo, hi, specs
 
 
 def _gmm_kernel(
@@ -73,18 +87,7 @@ def _gmm_kernel(
     pl_triton.store(out_ref.at[pl.ds(row0, block_m), :], acc.astype(out_ref.dtype), mask=(rows < m)[:, None])
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "transpose_rhs",
-        "block_m",
-        "block_k",
-        "block_n",
-        "num_warps",
-        "num_stages",
-        "interpret",
-    ),
-)
+@jit_kernel("transpose_rhs", "block_m", "block_k", "block_n")
 def gmm_pallas(
     lhs_mk: jax.Array,
     rhs: jax.Array,
@@ -105,7 +108,7 @@ def gmm_pallas(
     m, k = lhs_mk.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     e = rhs.shape[0]
-    lo, hi = tile_group_ranges(offsets_e1, m, block_m)
+    lo, hi, lead_specs = row_tiling(offsets_e1, m, k, block_m)
     kernel = functools.partial(
         _gmm_kernel, block_m=block_m, block_k=block_k, k=k, transpose_rhs=transpose_rhs
     )
@@ -113,22 +116,16 @@ def gmm_pallas(
         rhs_spec = pl.BlockSpec((e, block_n, k), lambda i, j: (0, j, 0))
     else:
         rhs_spec = pl.BlockSpec((e, k, block_n), lambda i, j: (0, 0, j))
-    n_tiles_m = pl.cdiv(m, block_m)
-    return pl.pallas_call(
+    return triton_call(
         kernel,
-        grid=(n_tiles_m, n // block_n),
-        in_specs=[
-            pl.BlockSpec((n_tiles_m,), lambda i, j: (0,)),
-            pl.BlockSpec((n_tiles_m,), lambda i, j: (0,)),
-            pl.BlockSpec((e + 1,), lambda i, j: (0,)),
-            pl.BlockSpec((m, k), lambda i, j: (0, 0)),
-            rhs_spec,
-        ],
+        grid=(pl.cdiv(m, block_m), n // block_n),
+        in_specs=[*lead_specs, rhs_spec],
         out_specs=pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), lhs_mk.dtype),
-        compiler_params=triton_params(num_warps, num_stages),
-        interpret=interpret,
         name="gmm",
+        num_warps=num_warps,
+        num_stages=num_stages,
+        interpret=interpret,
     )(lo, hi, offsets_e1, lhs_mk, rhs)
 
 
@@ -150,19 +147,7 @@ def _tgmm_kernel(offsets_ref, lhs_ref, dy_ref, out_ref, *, block_m):
     out_ref[...] = acc.astype(out_ref.dtype)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "num_groups",
-        "out_dtype",
-        "block_m",
-        "block_k",
-        "block_n",
-        "num_warps",
-        "num_stages",
-        "interpret",
-    ),
-)
+@jit_kernel("num_groups", "out_dtype", "block_m", "block_k", "block_n")
 def tgmm_pallas(
     lhs_mk: jax.Array,
     dy_mn: jax.Array,
@@ -181,7 +166,7 @@ def tgmm_pallas(
     m, k = lhs_mk.shape
     n = dy_mn.shape[1]
     kernel = functools.partial(_tgmm_kernel, block_m=block_m)
-    return pl.pallas_call(
+    return triton_call(
         kernel,
         grid=(k // block_k, n // block_n, num_groups),
         in_specs=[
@@ -191,7 +176,8 @@ def tgmm_pallas(
         ],
         out_specs=pl.BlockSpec((None, block_k, block_n), lambda a, b, e: (e, a, b)),
         out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
-        compiler_params=triton_params(num_warps, num_stages),
-        interpret=interpret,
         name="tgmm",
+        num_warps=num_warps,
+        num_stages=num_stages,
+        interpret=interpret,
     )(offsets_e1, lhs_mk, dy_mn)

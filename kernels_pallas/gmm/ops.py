@@ -16,10 +16,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.block_sizes import check_triton_tiles, fit_block, row_block
+from kernels_pallas.block_sizes import matmul_tiles
 from kernels_pallas.gmm.kernel import gmm_pallas, tgmm_pallas
 from kernels_pallas.gmm.reference import group_offsets
-from kernels_pallas.gpu_backend import resolve_interpret
+from kernels_pallas.pallas_call import jit_op, launch_args, op_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,49 +40,37 @@ def grouped_matmul(
     """Forward kernel call with tiles fitted to the shapes; rhs [e, k, n] (or [e, n, k] if transpose_rhs)."""
     m, k = lhs_mk.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    block_k, block_n = fit_block(k, config.block_k), fit_block(n, config.block_n)
-    check_triton_tiles(config.interpret, block_k=block_k, block_n=block_n)
-    return gmm_pallas(
-        lhs_mk,
-        rhs.astype(lhs_mk.dtype),  # Triton dots need one operand dtype
-        offsets_e1,
-        transpose_rhs=transpose_rhs,
-        block_m=row_block(m, config.block_m),
-        block_k=block_k,
-        block_n=block_n,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        interpret=config.interpret,
-    )
+    tiles = matmul_tiles(config.interpret, m, k, n, config.block_m, config.block_k, config.block_n)
+    # Triton dots need one operand dtype
+    rhs = rhs.astype(lhs_mk.dtype)
+    return gmm_pallas(lhs_mk, rhs, offsets_e1, transpose_rhs=transpose_rhs, **tiles, **launch_args(config))
 
 
 def transposed_grouped_matmul(
     lhs_mk: jax.Array, dy_mn: jax.Array, offsets_e1: jax.Array, out_dtype, config: GmmConfig
 ) -> jax.Array:
     """[e, k, n] per-group lhs^T @ dy with tiles fitted to the shapes."""
-    k, n = lhs_mk.shape[1], dy_mn.shape[1]
+    m, k = lhs_mk.shape
+    n = dy_mn.shape[1]
     # the output tile is [block_k, block_n]: both sides take the (larger) n tile size
-    block_k, block_n = fit_block(k, config.block_n), fit_block(n, config.block_n)
-    check_triton_tiles(config.interpret, block_k=block_k, block_n=block_n)
+    tiles = matmul_tiles(config.interpret, m, k, n, config.block_m, config.block_n, config.block_n)
     return tgmm_pallas(
         lhs_mk,
         dy_mn.astype(lhs_mk.dtype),
         offsets_e1,
         num_groups=offsets_e1.shape[0] - 1,
         out_dtype=jnp.dtype(out_dtype),
-        block_m=row_block(lhs_mk.shape[0], config.block_m),
-        block_k=block_k,
-        block_n=block_n,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        interpret=config.interpret,
+        **tiles,
+        **launch_args(config),
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _gmm(lhs_mk, rhs_ekn, group_sizes_e, config):
-    offsets = group_offsets(group_sizes_e, lhs_mk.shape[0])
-    return grouped_matmul(lhs_mk, rhs_ekn, offsets, config)
+def gmm_backward(residuals: tuple, dy_mn: jax.Array, config: GmmConfig) -> tuple[jax.Array, jax.Array]:
+    """(d lhs, d rhs) of out = gmm(lhs, rhs) from residuals (lhs [m, k], rhs [e, k, n], offsets) and d out."""
+    lhs_mk, rhs_ekn, offsets = residuals
+    d_lhs = grouped_matmul(dy_mn.astype(lhs_mk.dtype), rhs_ekn, offsets, config, transpose_rhs=True)
+    d_rhs = transposed_grouped_matmul(lhs_mk, dy_mn, offsets, rhs_ekn.dtype, config)
+    return d_lhs, d_rhs
 
 
 def _gmm_fwd(lhs_mk, rhs_ekn, group_sizes_e, config):
@@ -90,17 +78,19 @@ def _gmm_fwd(lhs_mk, rhs_ekn, group_sizes_e, config):
     return grouped_matmul(lhs_mk, rhs_ekn, offsets, config), (lhs_mk, rhs_ekn, offsets)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _gmm(lhs_mk, rhs_ekn, group_sizes_e, config):
+    return _gmm_fwd(lhs_mk, rhs_ekn, group_sizes_e, config)[0]
+
+
 def _gmm_bwd(config, residuals, dy_mn):
-    lhs_mk, rhs_ekn, offsets = residuals
-    d_lhs = grouped_matmul(dy_mn.astype(lhs_mk.dtype), rhs_ekn, offsets, config, transpose_rhs=True)
-    d_rhs = transposed_grouped_matmul(lhs_mk, dy_mn, offsets, rhs_ekn.dtype, config)
-    return d_lhs, d_rhs, None
+    return *gmm_backward(residuals, dy_mn, config), None
 
 
 _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "interpret"))
+@jit_op
 def gmm(
     lhs_md: jax.Array,
     rhs_edf: jax.Array,
@@ -114,6 +104,4 @@ def gmm(
     lhs_md: [m, d] rows sorted by group; rhs_edf: [e, d, f]; group_sizes_e: [e] int. Returns [m, f] in
     lhs's dtype; rows past sum(group_sizes) are zero. interpret: None picks interpret mode on CPU only.
     """
-    config = config or GmmConfig()
-    config = dataclasses.replace(config, interpret=resolve_interpret(interpret))
-    return _gmm(lhs_md, rhs_edf, group_sizes_e, config)
+    return _gmm(lhs_md, rhs_edf, group_sizes_e, op_config(config, GmmConfig, interpret))

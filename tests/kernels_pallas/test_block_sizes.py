@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kernels_pallas.block_sizes import check_triton_tiles, fit_block, row_block
+from kernels_pallas.block_sizes import check_triton_tiles, fit_block, matmul_tiles, row_block
 from kernels_pallas.gmm.ops import gmm
 
 
@@ -37,3 +37,10 @@ def test_compiled_gmm_rejects_a_k_not_divisible_by_16():
     f = lambda x, w, sizes: gmm(x, w, sizes, interpret=False)
     with pytest.raises(ValueError, match="block_k"):
         jax.jit(f).trace(spec((64, 24), jnp.bfloat16), spec((4, 24, 32), jnp.bfloat16), spec((4,), jnp.int32))
+
+
+def test_matmul_tiles_shrink_the_row_tile_and_fit_k_and_n():
+    assert matmul_tiles(False, 40, 96, 48, 128, 64, 128) == dict(block_m=64, block_k=32, block_n=16)
+    assert matmul_tiles(True, 40, 24, 48, 128, 64, 128)["block_k"] == 8  # interpret mode takes any tile
+    with pytest.raises(ValueError, match="Triton tiles"):
+        matmul_tiles(False, 40, 24, 48, 128, 64, 128)

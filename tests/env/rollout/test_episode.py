@@ -13,7 +13,7 @@ from env import tokenizer as tk
 from env.chat import CallError, Message, ToolCall
 from env.rollout import Event, RolloutLimits, RolloutPool, iter_groups, run_episodes, run_episodes_sync
 from env.rollout.engines import ScriptedEngine, fake_logprob, turn_ids
-from env.rollout.episode import first_edit_after_read
+from env.tools import first_edit_after_read
 
 LIMITS = RolloutLimits(max_turns=8, max_episode_tokens=4096, max_turn_tokens=256, episode_timeout_s=1e9)
 READ = ToolCall("read_file", {"target_file": "src/stats.py"})
@@ -274,33 +274,82 @@ def test_a_turn_whose_search_found_nothing_is_located_in_the_stream(tok):
     assert all(r.loss_mask[start:end]) and not r.loss_mask[start - 1]
 
 
-def test_groups_come_out_whole_and_both_drivers_agree(tok):
-    groups = list(
-        iter_groups(
-            [_task(i) for i in range(3)],
-            ScriptedEngine(_turns_script(SOLVE, tok), slots=2),
-            FakePool(),
-            tokenizer=tok,
-            group_size=2,
-            limits=LIMITS,
-            max_active=3,
-            prompt_fn=_prompt,
-        )
-    )
-    assert sorted(g[0].group for g in groups) == [0, 1, 2]
-    assert all([r.member for r in g] == [0, 1] and len({r.group for r in g}) == 1 for g in groups)
-    sync = run_episodes_sync(
-        [_task(i) for i in range(3)],
-        ScriptedEngine(_turns_script(SOLVE, tok), slots=2),
-        FakePool(),
+def _drivers_common(tok, n_tasks: int = 3) -> dict:
+    """The arguments both drivers take: tasks, a fresh engine and pool, the episode settings."""
+    return dict(
+        tasks=[_task(i) for i in range(n_tasks)],
+        engine=ScriptedEngine(_turns_script(SOLVE, tok), slots=2),
+        pool=FakePool(),
         tokenizer=tok,
         group_size=2,
         limits=LIMITS,
-        batch_size=4,
         prompt_fn=_prompt,
     )
+
+
+def test_groups_come_out_whole_and_both_drivers_agree(tok):
+    groups = list(iter_groups(**_drivers_common(tok), max_active=3))
+    assert sorted(g[0].group for g in groups) == [0, 1, 2]
+    assert all([r.member for r in g] == [0, 1] and len({r.group for r in g}) == 1 for g in groups)
+    sync = run_episodes_sync(**_drivers_common(tok), batch_size=4)
     flat = sorted((r for g in groups for r in g), key=lambda r: (r.group, r.member))
     assert [(r.task_id, r.ids, r.reward) for r in flat] == [(r.task_id, r.ids, r.reward) for r in sync]
+
+
+class _LatePool(FakePool):
+    """FakePool whose tool results and grades for member 0 of a group come 50 polls late, longer than a turn
+    takes to generate; logs what the driver does (into `log`, shared with the engine) and the grades it
+    receives."""
+
+    def __init__(self, log: list):
+        super().__init__()
+        self.log, self.late = log, []
+
+    def start_episode(self, episode_id, task_dir):
+        self.log.append(("start", episode_id))
+        super().start_episode(episode_id, task_dir)
+
+    def submit_calls(self, episode_id, calls):
+        super().submit_calls(episode_id, calls)
+        self._hold(episode_id)
+
+    def finish_episode(self, episode_id, *, grade):
+        super().finish_episode(episode_id, grade=grade)
+        self._hold(episode_id)
+
+    def _hold(self, episode_id):
+        if "/0#" in episode_id:
+            self.late.append([50, self.events.pop()])
+
+    def poll(self, timeout):
+        for held in self.late:
+            held[0] -= 1
+        self.events += [ev for n, ev in self.late if n == 0]
+        self.late = [held for held in self.late if held[0] > 0]
+        events = super().poll(timeout)
+        self.log += [("graded", ev.episode_id) for ev in events if ev.kind == "graded"]
+        return events
+
+
+@pytest.mark.parametrize("lockstep", [True, False])
+def test_lockstep_turns_wait_for_the_whole_batch(tok, lockstep):
+    """In lockstep (run_episodes_sync) a batch's turn k+1 goes to the engine only after every member's turn k
+    is back from the tools, and a batch starts only once the one before it is graded; without it, member 1
+    runs ahead of its slow partner."""
+    log: list = []
+    engine = ScriptedEngine(_turns_script(SOLVE, tok), slots=2)
+    engine.add = lambda rid, ids, n, add=engine.add: (log.append(("turn", rid)), add(rid, ids, n))[1]
+    common = {**_drivers_common(tok, n_tasks=2), "engine": engine, "pool": _LatePool(log)}
+    results = list(iter_groups(**common, max_active=2, lockstep=lockstep))
+    assert all(r.reward == 1.0 for g in results for r in g)
+    for task in ("task-0/", "task-1/"):
+        turns = [int(rid.rsplit("@", 1)[1]) for kind, rid in log if kind == "turn" and rid.startswith(task)]
+        assert len(turns) == 6 and (turns == sorted(turns)) == lockstep, turns
+    first_start_1 = log.index(("start", "task-1/1/0#0"))
+    last_grade_0 = max(
+        i for i, (kind, eid) in enumerate(log) if kind == "graded" and eid.startswith("task-0/")
+    )
+    assert (first_start_1 > last_grade_0) == lockstep
 
 
 def test_restart_after_worker_death_is_counted_and_never_scored_zero(tok):

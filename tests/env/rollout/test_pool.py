@@ -217,3 +217,9 @@ def test_workers_do_not_run_the_main_script_or_import_jax(tmp_path):
     assert "workers_with_jax 0" in out.stdout
     (line,) = marker.read_text().splitlines()  # the script ran once: as the parent's __main__
     assert line.endswith(" __main__")
+
+
+def test_wait_ready_names_the_pools_workers_when_they_are_late():
+    # wait_ready is shared with RayPool, whose error says "actors"; a deadline already past fails at once.
+    with LocalPool(1) as pool, pytest.raises(TimeoutError, match="rollout workers not ready"):
+        pool.wait_ready(-1.0)
