@@ -121,3 +121,12 @@ def test_the_compilation_cache_directory_is_the_environment_s_else_the_config_s(
         names = [p.name for p in (tmp_path / where).iterdir()]
         assert any(n.startswith("jit__lambda") and n.endswith("-cache") for n in names), names
         assert ".lockfile" in names
+
+
+@pytest.mark.parametrize("key", ["screen_tasks", "search_turn_tasks", "similarity_reward", "unseen_tasks"])
+def test_removed_rl_extras_are_unknown_keys(key):
+    # Their measurements are in docs/experiments.md; an override of one fails like any misspelt key.
+    config = composer_config.get_config()
+    config.lock()
+    with pytest.raises(AttributeError, match=key):
+        setattr(config.rl, key, 1)

@@ -1,8 +1,8 @@
 """DATA: the task suite (train and held-out splits), expert trajectories for SFT, and the tokenizer.
 
 Outputs in the workdir: tasks/{train,heldout}/ (with a DONE marker once complete), sft_data.jsonl (one
-expert trajectory per line, solved ones only, with the task's instance id), rl_expert.jsonl (the same for the
-train tasks past SFT's, with `rl.unseen_tasks`) and tokenizer.json.
+expert trajectory per line, solved ones only, with the task's instance id), heldout_expert.jsonl (the same
+for the first eval.next_call_tasks held-out tasks) and tokenizer.json.
 """
 
 import collections
@@ -34,8 +34,6 @@ class Data:
     heldout_expert: list[list[chat.Message]] = dataclasses.field(default_factory=list)
     # The train trajectories by task instance id (RL may start episodes from their prefixes).
     expert_by_task: dict[str, list[chat.Message]] = dataclasses.field(default_factory=dict)
-    # The train tasks RL draws from: all of them, or with rl.unseen_tasks those SFT did not train on.
-    rl_tasks: list = dataclasses.field(default_factory=list)
 
 
 def task_families(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -80,8 +78,7 @@ def task_suite(config: ml_collections.ConfigDict, workdir: Path, split: str) -> 
 def _seed_order(suite: list) -> list:
     """The tasks by generator seed. The generator returns them so, load_suite by directory name; a resumed
     run must see the same list (RL's task stream, SFT's first sft.n_trajectories and EVAL's first
-    eval.n_tasks index it), and raising env.n_train_tasks must keep the tasks SFT had (rl.unseen_tasks
-    draws from the rest)."""
+    eval.n_tasks index it), and raising env.n_train_tasks must keep the tasks SFT had."""
     return sorted(suite, key=lambda t: (t.metadata["seed"], t.instance_id))
 
 
@@ -178,11 +175,6 @@ def _by_task(solved: list, trajectories: list, tasks: list) -> dict[str, list[ch
 def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
     """Builds (or loads, when already in the workdir) the tasks, trajectories and tokenizer."""
     env = config.env
-    if config.rl.unseen_tasks and env.n_train_tasks <= config.sft.n_trajectories:
-        raise ValueError(
-            f"rl.unseen_tasks: no train task is left for RL: env.n_train_tasks ({env.n_train_tasks}) must "
-            f"exceed sft.n_trajectories ({config.sft.n_trajectories})"
-        )
     train = task_suite(config, workdir, "train")
     heldout = task_suite(config, workdir, "heldout")
     n = min(config.sft.n_trajectories, len(train))
@@ -192,12 +184,6 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
     by_task = _by_task(solved, trajectories, train)
     if not trajectories:
         raise RuntimeError("DATA: the expert solved no task, so there is nothing to learn from")
-    rl_tasks = train
-    if config.rl.unseen_tasks:
-        rl_tasks = train[n:]
-        # Their expert trajectories: guides and expert starts, as SFT's are for the tasks it trained on.
-        unseen = _trajectories(workdir / "rl_expert.jsonl", rl_tasks, len(rl_tasks), env.n_workers, "RL")
-        by_task.update(_by_task(unseen, _with_system([m for _, m in unseen], system), rl_tasks))
     n_probe = min(config.eval.next_call_tasks, len(heldout))
     heldout_expert = []
     if n_probe:
@@ -217,4 +203,4 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
         )
         tokenizer.save(tok_path)
         logging.info("DATA: tokenizer (vocab %d) trained in %.1f s", tokenizer.vocab_size, time.time() - t0)
-    return Data(train, heldout, tokenizer, trajectories, heldout_expert, by_task, rl_tasks)
+    return Data(train, heldout, tokenizer, trajectories, heldout_expert, by_task)

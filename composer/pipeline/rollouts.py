@@ -112,7 +112,7 @@ def max_active(config: ml_collections.ConfigDict) -> int:
 
 
 def limits(config: ml_collections.ConfigDict, *, grading: bool = False) -> RolloutLimits:
-    """The episode limits. With `grading` (EVAL and the screen, which score a policy and do not train), the
+    """The episode limits. With `grading` (EVAL, which scores a policy and does not train), the
     wall-clock limit is eval.episode_timeout_s: there it is only a safety cap, so that machine load, which
     slows every episode, does not turn into failed tasks and a model is scored on what it does."""
     out = RolloutLimits.from_config(config)
@@ -123,16 +123,16 @@ def limits(config: ml_collections.ConfigDict, *, grading: bool = False) -> Rollo
 
 def one_episode_each(
     config: ml_collections.ConfigDict, sampler: Sampler, tokenizer, tasks: list, *, desc: str,
-    prompts: Callable | None = None, postfix: Callable[[list], dict] | None = None,
+    postfix: Callable[[list], dict] | None = None,
 ) -> list:  # fmt: skip
-    """One graded episode of `sampler`'s policy on each task (EpisodeResult list, in finishing order), under
-    the grading limits (`limits(config, grading=True)`): EVAL's and the screen's loop. `prompts` opens
-    each episode (default: `prompt_fn(config)`); `postfix(results so far)` is shown on the progress bar."""
+    """One graded episode of `sampler`'s policy on each task (EpisodeResult list, in finishing order), from
+    its bug report, under the grading limits (`limits(config, grading=True)`): EVAL's loop.
+    `postfix(results so far)` is shown on the progress bar."""
     results = []
     with pool(config) as p, tqdm(total=len(tasks), desc=desc, unit="episode") as bar:
         groups = iter_groups(
             tasks, sampler, p, tokenizer=tokenizer, group_size=1, limits=limits(config, grading=True),
-            max_active=max_active(config), prompt_fn=prompts or prompt_fn(config),
+            max_active=max_active(config), prompt_fn=prompt_fn(config),
         )  # fmt: skip
         for group in groups:
             results.extend(group)
