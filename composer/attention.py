@@ -244,19 +244,11 @@ def attend_cpu(
     return attend_key_chunks(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b)
 
 
-def _attend_pallas(
-    q_btnh: jax.Array,
-    k_bsgh: jax.Array,
-    v_bsgh: jax.Array,
-    q_pos_bt: jax.Array,
-    kv_len_b: jax.Array,
-    *,
-    self_keys: bool = False,
-) -> jax.Array:
+def _attend_pallas(*q_k_v_pos_len: jax.Array, self_keys: bool = False) -> jax.Array:
     """The Pallas kernels, imported on first use (they skip invisible keys themselves)."""
     del self_keys
     attend = registry.load("kernels_pallas.attention_ops:attend", "attention_impl 'pallas'")
-    return attend(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b)
+    return attend(*q_k_v_pos_len)
 
 
 ATTENTION_IMPLS: dict[str, str | Callable] = {
