@@ -2,12 +2,20 @@
 
 Every kernel in ATTENTION_IMPLS has the signature
 
-    attend(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b) -> o_btnh
+    attend(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b, *, self_keys=False) -> o_btnh
 
 and the visibility rule: key j (its index in s, which is its position) is visible to a query at position
 p iff j <= p and j < kv_len[b]. A query with p < 0 (padding) sees nothing useful; its output is finite and
 meant to be ignored. n query heads share g kv heads (n % g == 0; head i uses kv head i // (n / g)); scores
-are scaled by 1/sqrt(h). A kernel may be an import path 'module:attr', imported only when selected.
+are scaled by 1/sqrt(h). self_keys says that the keys are the call's own tokens (no cache: each row's
+real tokens at positions 0, 1, ..., so a key's index is its position); a kernel may use it to skip the
+keys no query sees, and must give the same result without it.
+
+    'reference': `attend_reference`, the plain computation over every key (the oracle of the tests).
+    'cpu':       `attend_cpu`, the same result in forms tuned for XLA:CPU: one matrix-vector product per
+                 head for a decode step, causal query blocks without a cache, key chunks up to the longest
+                 row with one.
+    'pallas':    the Pallas kernels (kernels_pallas/attention_ops.py), imported only when selected.
 """
 
 from collections.abc import Callable
@@ -41,13 +49,18 @@ def _visible_bts(j_s: jax.Array, q_pos_bt: jax.Array, kv_len_b: jax.Array) -> ja
 
 
 def attend_reference(
-    q_btnh: jax.Array, k_bsgh: jax.Array, v_bsgh: jax.Array, q_pos_bt: jax.Array, kv_len_b: jax.Array
+    q_btnh: jax.Array,
+    k_bsgh: jax.Array,
+    v_bsgh: jax.Array,
+    q_pos_bt: jax.Array,
+    kv_len_b: jax.Array,
+    *,
+    self_keys: bool = False,
 ) -> jax.Array:
-    """softmax(q k^T / sqrt(h) + mask) v in plain jnp; scores and softmax in float32."""
+    """softmax(q k^T / sqrt(h) + mask) v in plain jnp over every key; scores and softmax in float32."""
+    del self_keys  # every key is scored; the mask alone decides
     b, t, n, h = q_btnh.shape
     s, g = k_bsgh.shape[1], k_bsgh.shape[2]
-    if t == 1:
-        return _attend_one_query(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b)
     q_btgrh = q_btnh.reshape(b, t, g, n // g, h)
     scores = jnp.einsum("btgrh,bsgh->bgrts", q_btgrh, k_bsgh, preferred_element_type=jnp.float32)
     scores = scores * h**-0.5
@@ -61,7 +74,7 @@ def attend_reference(
 def _attend_one_query(
     q_b1nh: jax.Array, k_bsgh: jax.Array, v_bsgh: jax.Array, q_pos_b1: jax.Array, kv_len_b: jax.Array
 ) -> jax.Array:
-    """attend_reference for one query per row (a decode step): per head up to PER_HEAD_MAX_HEADS query
+    """Attention of one query per row (a decode step): per head up to PER_HEAD_MAX_HEADS query
     heads, else in diagonal blocks. Both read the cache in place as [b, s, g*h]."""
     if q_b1nh.shape[2] <= PER_HEAD_MAX_HEADS:
         return _attend_one_query_per_head(q_b1nh, k_bsgh, v_bsgh, q_pos_b1, kv_len_b)
@@ -99,7 +112,7 @@ def _attend_one_query_per_head(
 def _attend_one_query_blocks(
     q_b1nh: jax.Array, k_bsgh: jax.Array, v_bsgh: jax.Array, q_pos_b1: jax.Array, kv_len_b: jax.Array
 ) -> jax.Array:
-    """attend_reference for one query per row (a decode step), as matmuls over the cache's own layout.
+    """Attention of one query per row (a decode step), as matmuls over the cache's own layout.
 
     A dot over (b, g) batches needs s beside h, so XLA would first transpose the keys and the values (a
     copy of the whole cache window, per layer and step). Instead the cache is read as [b, s, g*h] and
@@ -163,7 +176,7 @@ def attend_key_chunks(
     kv_len_b: jax.Array,
     chunk: int = KEY_CHUNK,
 ) -> jax.Array:
-    """attend_reference over a cache, `chunk` keys at a time, only as far as the call's longest row.
+    """Attention over a cache, `chunk` keys at a time, only as far as the call's longest row.
 
     A cache is allocated for the longest sequence, so most of its entries are usually empty: the plain
     computation scores and normalises every query against all s of them (for an extend of a few hundred
@@ -212,9 +225,36 @@ def attend_key_chunks(
     return jnp.einsum("bgrth->btgrh", o_bgrth).reshape(b, t, n, h).astype(v_bsgh.dtype)
 
 
+def attend_cpu(
+    q_btnh: jax.Array,
+    k_bsgh: jax.Array,
+    v_bsgh: jax.Array,
+    q_pos_bt: jax.Array,
+    kv_len_b: jax.Array,
+    *,
+    self_keys: bool = False,
+) -> jax.Array:
+    """attend_reference's result in the forms XLA:CPU runs fastest: a decode step (one query per row) as
+    matrix-vector products over the cache read in place, the cache-free path (self_keys) in causal query
+    blocks, several queries over a cache in key chunks that stop at the longest row."""
+    if q_btnh.shape[1] == 1:
+        return _attend_one_query(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b)
+    if self_keys:
+        return attend_causal_blocks(attend_reference, q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b)
+    return attend_key_chunks(q_btnh, k_bsgh, v_bsgh, q_pos_bt, kv_len_b)
+
+
+def _attend_pallas(*q_k_v_pos_len: jax.Array, self_keys: bool = False) -> jax.Array:
+    """The Pallas kernels, imported on first use (they skip invisible keys themselves)."""
+    del self_keys
+    attend = registry.load("kernels_pallas.attention_ops:attend", "attention_impl 'pallas'")
+    return attend(*q_k_v_pos_len)
+
+
 ATTENTION_IMPLS: dict[str, str | Callable] = {
     "reference": attend_reference,
-    "pallas": "kernels_pallas.attention_ops:attend",
+    "cpu": attend_cpu,
+    "pallas": _attend_pallas,
 }
 
 
@@ -263,14 +303,7 @@ def attention_layer(
         kv_len_b = plan.lengths_b
         q_btnh = q_btnh.astype(keys_bsgh.dtype)
     attend = get_attend(cfg.attention_impl)
-    if cache is None and attend is attend_reference:
-        # Positions are indices here (see the docstring), so causal blocks skip the invisible keys; the
-        # Pallas kernel skips them itself.
-        o_btnh = attend_causal_blocks(
-            attend, q_btnh, keys_bsgh, values_bsgh, positions_bt, kv_len_b.astype(jnp.int32)
-        )
-    elif cache is not None and attend is attend_reference and q_btnh.shape[1] > 1:
-        o_btnh = attend_key_chunks(q_btnh, keys_bsgh, values_bsgh, positions_bt, kv_len_b.astype(jnp.int32))
-    else:
-        o_btnh = attend(q_btnh, keys_bsgh, values_bsgh, positions_bt, kv_len_b.astype(jnp.int32))
+    o_btnh = attend(
+        q_btnh, keys_bsgh, values_bsgh, positions_bt, kv_len_b.astype(jnp.int32), self_keys=cache is None
+    )
     return jnp.einsum("btnh,nhd->btd", o_btnh.astype(dtype), p["wo"].astype(dtype)), cache

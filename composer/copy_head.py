@@ -45,15 +45,60 @@ models trained briefly from scratch learn to copy names, paths and lines of code
 this way far sooner than through attention layers alone.
 
 At t = 0 (no earlier position) the gate is closed and p_t is the vocabulary softmax.
+
+The model reaches the head through `declarations` (its weights, params['copy']), `logits` (the mixture's
+log-probs, without or with a cache: `init_cache` is the head's part of the sampler's cache),
+`next_token_logprob` (a loss on the data's own tokens) and `pointer_loss` (the pointer's own loss).
 """
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from composer import kv_cache
+from composer.model_config import ModelConfig
+from composer.params import ParamDecl, constant, normal, zeros
+
 # Gate pre-activation where the pointer has nowhere to point: sigmoid(-30) ~ 1e-13.
 _CLOSED = -30.0
+
+
+def declarations(cfg: ModelConfig) -> dict:
+    """The head's weights (params['copy']); c = cfg.copy_head_dim."""
+    d, c = cfg.d_model, cfg.copy_head_dim
+    decls = {
+        "w_q": ParamDecl((d, c), ("embed", None), normal(d**-0.5)),
+        "w_k": ParamDecl((d, c), ("embed", None), normal(d**-0.5)),
+        "w_gate": ParamDecl((d,), ("embed",), zeros),
+        "b_gate": ParamDecl((), (), zeros),
+    }
+    if cfg.copy_head_ngram > 0:
+        # softplus(3) = 3.05 a matched token: from the start a source whose last 3 tokens match the
+        # query's outscores ~2000 unmatched ones (scores ~N(0, 1)) by e^9; W_m learns where not to.
+        n = cfg.copy_head_ngram
+        decls["w_match"] = ParamDecl((d, n), ("embed", None), zeros)
+        decls["b_match"] = ParamDecl((n,), (None,), constant(3.0))
+    if cfg.copy_head_recency:
+        # softplus(-1) = 0.31: a source 1000 tokens back starts 2.2 below the one just before.
+        decls["w_recency"] = ParamDecl((d,), ("embed",), zeros)
+        decls["b_recency"] = ParamDecl((), (), constant(-1.0))
+    if cfg.copy_head_lines:
+        # Zero init: keys start as the plain ones; SFT learns what of a line's end to add.
+        decls["w_k_line"] = ParamDecl((d, c), ("embed", None), zeros)
+    return decls
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> tuple[jax.Array, ...]:
+    """The head's part of a per-layer cache (kv_cache.LayerCaches.extra): its keys [1, b, s, 1, c]
+    float32 and the token at each position [1, b, s, 1, 1] int32; () without a head."""
+    if cfg.copy_head_dim == 0:
+        return ()
+    return (
+        jnp.zeros((1, batch, max_len, 1, cfg.copy_head_dim), jnp.float32),
+        jnp.zeros((1, batch, max_len, 1, 1), jnp.int32),
+    )
 
 
 class Projection(NamedTuple):
@@ -314,3 +359,58 @@ def cached_ok(positions_bt: jax.Array, n_cache: int) -> jax.Array:
     (the successor s + 1 <= that position is then in the cache). Padding queries (position < 0) get none."""
     s = jnp.arange(n_cache)
     return s[None, None, :] < positions_bt[:, :, None]
+
+
+def logits(
+    p: dict,
+    x_btd: jax.Array,
+    tokens_bt: jax.Array,
+    positions_bt: jax.Array,
+    lines: tuple[int, ...],
+    unembed: Callable[[jax.Array], jax.Array],
+    *,
+    extra: tuple[jax.Array, ...] | None = None,
+    plan: kv_cache.WritePlan | None = None,
+    logits_at_b: jax.Array | None = None,
+    with_pointer: bool = False,
+) -> tuple[jax.Array, tuple[jax.Array, ...] | None, tuple[jax.Array, jax.Array] | None]:
+    """The model's head with the copy head: log p [b, t, v] float32 (module docstring) of the final
+    hidden states x_btd, where unembed maps hidden states to vocabulary logits.
+
+    Without `extra`: over the call's own tokens (`mix_uncached`; with_pointer also gives its pointer
+    log-probs). With `extra` (`init_cache`'s buffers) and the call's write `plan`: every new position's key
+    and token are written there first, then the queries point over the whole cache; logits_at_b ([b]
+    int32) keeps only query logits_at_b[i] of each row (t becomes 1). Returns (log p, extra or None,
+    (pointer_logp, pointer_ok) [b, t] or None).
+    """
+    if extra is None:
+        if logits_at_b is not None:
+            raise ValueError("logits_at_b needs a cache")
+        out = mix_uncached(p, x_btd, unembed(x_btd), tokens_bt, positions_bt, lines, with_pointer)
+        return (out[0], None, out[1]) if with_pointer else (out, None, None)
+    proj = project(p, x_btd, tokens_bt, positions_bt >= 0, lines)
+    # The cache takes every new position's key and token, not only those of the kept queries.
+    k_buf, keys_bsgc = kv_cache.write_layer(extra[0], jnp.int32(0), proj.k[:, :, None, :], plan)
+    t_buf, toks_bsgc = kv_cache.write_layer(extra[1], jnp.int32(0), tokens_bt[:, :, None, None], plan)
+    if logits_at_b is not None:
+        x_btd = jnp.take_along_axis(x_btd, logits_at_b[:, None, None], axis=1)
+        positions_bt = jnp.take_along_axis(positions_bt, logits_at_b[:, None], axis=1)
+        proj = proj.at(logits_at_b)
+    toks_bs = toks_bsgc[:, :, 0, 0]
+    next_bs = jnp.concatenate([toks_bs[:, 1:], toks_bs[:, -1:]], axis=1)
+    ok_bts = cached_ok(positions_bt, toks_bs.shape[1])
+    bias_bts = bias(proj, toks_bs, positions_bt)
+    logp_btv = mix(unembed(x_btd), proj.q, proj.z, keys_bsgc[:, :, 0, :], next_bs, ok_bts, bias_bts)
+    return logp_btv, (k_buf, t_buf), None
+
+
+def pointer_loss(
+    pointer_logp_bt: jax.Array, pointer_ok_bt: jax.Array, mask_bt: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The pointer's own loss (SFT): (-sum of its log-prob of each trained token that some source could
+    copy, how many such tokens). pointer_*: query-aligned, as `logits` gives them (index i scores token
+    i + 1); mask_bt: target-aligned (index i weighs token i)."""
+    pad = jnp.zeros_like(mask_bt[:, :1])
+    logp_bt = jnp.concatenate([pad, pointer_logp_bt[:, :-1]], 1)
+    mask_bt = mask_bt * jnp.concatenate([pad, pointer_ok_bt[:, :-1].astype(mask_bt.dtype)], 1)
+    return -(logp_bt * mask_bt).sum(), mask_bt.sum()

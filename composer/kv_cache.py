@@ -29,6 +29,33 @@ class KVCache(NamedTuple):
     lengths: jax.Array
 
 
+class LayerCaches(NamedTuple):
+    """The KV cache as one buffer per layer (the sampler's layout, beside unstacked layer weights):
+    k[i], v[i]: [1, b, s, g, h] (layer i), lengths: [b] int32.
+
+    extra: the copy head's own cache (composer/copy_head.py, `init_cache`), () without one; its buffers
+    are indexed by position like k and v.
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    lengths: jax.Array
+    extra: tuple[jax.Array, ...] = ()
+
+    def map(self, fn, lengths: jax.Array | None = None) -> "LayerCaches":
+        """Every buffer (k, v and extra) through fn; lengths replaced when given."""
+        return LayerCaches(
+            k=tuple(fn(x) for x in self.k),
+            v=tuple(fn(x) for x in self.v),
+            lengths=self.lengths if lengths is None else lengths,
+            extra=tuple(fn(x) for x in self.extra),
+        )
+
+    def layer(self, i: int) -> KVCache:
+        """Layer i as a one-layer KVCache (write it at layer index 0)."""
+        return KVCache(k=self.k[i], v=self.v[i], lengths=self.lengths)
+
+
 class WritePlan(NamedTuple):
     """Where one forward call writes its t new tokens in every layer (computed once, shared by layers).
 

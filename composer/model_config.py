@@ -63,7 +63,9 @@ class ModelConfig:
     max_seq_len: int = 256
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
-    attention_impl: str = "reference"  # key of composer.attention.ATTENTION_IMPLS
+    # Key of composer.attention.ATTENTION_IMPLS: 'cpu' (the XLA:CPU-tuned forms), 'reference' (plain),
+    # 'pallas' (the kernels).
+    attention_impl: str = "cpu"
     # MoE (config.moe)
     n_experts: int = 4
     top_k: int = 2

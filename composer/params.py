@@ -4,6 +4,7 @@ The model's params pytree has the structure of `declarations(cfg)`:
 
     embed [v, d]            unembed [d, v] (untied only)          final_norm [d]
     value_head: w [d], b [] (with cfg.value_head only: PPO's critic on the final hidden state)
+    copy: the copy head's weights (with cfg.copy_head_dim > 0; composer/copy_head.py declares them)
     dense_layers / moe_layers (stacks; leading axis L = number of layers in the stack):
         attn_norm [L, d], mlp_norm [L, d]
         attn: wq [L, d, n, h], wk / wv [L, d, g, h], wo [L, n, h, d],
@@ -122,26 +123,10 @@ def declarations(cfg: ModelConfig) -> dict:
     if not cfg.tie_embeddings:
         decls["unembed"] = ParamDecl((d, v), ("embed", "vocab"), normal(d**-0.5))
     if cfg.copy_head_dim > 0:
-        c = cfg.copy_head_dim
-        decls["copy"] = {
-            "w_q": ParamDecl((d, c), ("embed", None), normal(d**-0.5)),
-            "w_k": ParamDecl((d, c), ("embed", None), normal(d**-0.5)),
-            "w_gate": ParamDecl((d,), ("embed",), zeros),
-            "b_gate": ParamDecl((), (), zeros),
-        }
-        if cfg.copy_head_ngram > 0:
-            # softplus(3) = 3.05 a matched token: from the start a source whose last 3 tokens match the
-            # query's outscores ~2000 unmatched ones (scores ~N(0, 1)) by e^9; W_m learns where not to.
-            n = cfg.copy_head_ngram
-            decls["copy"]["w_match"] = ParamDecl((d, n), ("embed", None), zeros)
-            decls["copy"]["b_match"] = ParamDecl((n,), (None,), constant(3.0))
-        if cfg.copy_head_recency:
-            # softplus(-1) = 0.31: a source 1000 tokens back starts 2.2 below the one just before.
-            decls["copy"]["w_recency"] = ParamDecl((d,), ("embed",), zeros)
-            decls["copy"]["b_recency"] = ParamDecl((), (), constant(-1.0))
-        if cfg.copy_head_lines:
-            # Zero init: keys start as the plain ones; SFT learns what of a line's end to add.
-            decls["copy"]["w_k_line"] = ParamDecl((d, c), ("embed", None), zeros)
+        # Imported here: the copy head declares its weights with this module's ParamDecl.
+        from composer import copy_head
+
+        decls["copy"] = copy_head.declarations(cfg)
     if cfg.value_head:
         # Zero init: every value starts at 0, the critic learns from the first returns.
         decls["value_head"] = {"w": ParamDecl((d,), ("embed",), zeros), "b": ParamDecl((), (), zeros)}

@@ -12,11 +12,13 @@ the expert FLOPs of a dropless kernel, so each MoE layer first runs with a small
 most DENSE_MAX_TOKENS tokens (a decode step of up to that many slots) runs every expert on every token
 instead (dispatch 'dense', exact): no sort, no capacity, no second pass.
 
-Layers: the sampler runs the model's layers unrolled over per-layer weight and cache buffers
-(`forward_unstacked`), the same maths as model.forward (the tests compare the two), without the per-layer
-copies of weights and cache that the layer scan costs on XLA:CPU. With dispatch 'capacity' each expert's
-weights are their own buffers too (`unstack_layers`), so its matmuls run beside the other experts' on all
-cores (composer/moe.py, `expert_swiglu`).
+Layers: the sampler runs model.forward over its unstacked layout (`unstack_layers`: one weight buffer per
+layer, and a kv_cache.LayerCaches, one cache buffer per layer), which model.forward unrolls: the layer scan
+slices every layer's weights out of the stacked arrays and its keys/values out of the [L, ...] cache, and
+XLA:CPU materialises those slices (copies of all the expert weights and of the cache, every layer of every
+decode step: about 40% of a decode step of the peer-shape model); per-layer buffers need no slice, and each
+layer's cache is written in place. With dispatch 'capacity' each expert's weights are their own buffers
+too, so its matmuls run beside the other experts' on all cores (composer/moe.py, `expert_swiglu`).
 """
 
 import dataclasses
@@ -26,8 +28,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from composer import attention, copy_head, kv_cache, layers, moe, sampling
-from composer.kv_cache import KVCache
+from composer import copy_head, model, moe, sampling
+from composer.kv_cache import LayerCaches
 from composer.model_config import ModelConfig
 
 # Expert capacity factors of the first pass of each MoE layer (see `moe_dropless`); the second pass, run
@@ -77,38 +79,11 @@ def unstack_layers(params: dict, per_expert: bool = False) -> dict:
     return out
 
 
-class LayerCaches(NamedTuple):
-    """The KV cache as one buffer per layer: k[i], v[i]: [1, b, s, g, h] (layer i), lengths: [b] int32.
-
-    extra: with a copy head (composer/copy_head.py), its keys [1, b, s, 1, c] float32 and the token at each
-    position [1, b, s, 1, 1] int32; () without one. Indexed by position like k and v.
-    """
-
-    k: tuple[jax.Array, ...]
-    v: tuple[jax.Array, ...]
-    lengths: jax.Array
-    extra: tuple[jax.Array, ...] = ()
-
-    def map(self, fn, lengths: jax.Array | None = None) -> "LayerCaches":
-        """Every buffer (k, v and extra) through fn; lengths replaced when given."""
-        return LayerCaches(
-            k=tuple(fn(x) for x in self.k),
-            v=tuple(fn(x) for x in self.v),
-            lengths=self.lengths if lengths is None else lengths,
-            extra=tuple(fn(x) for x in self.extra),
-        )
-
-
 def init_layer_caches(cfg: ModelConfig, batch: int, max_len: int) -> LayerCaches:
-    """An empty per-layer cache for `batch` rows of up to `max_len` tokens."""
+    """An empty per-layer cache for `batch` rows of up to `max_len` tokens (with the copy head's part)."""
     shape = (1, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
     k, v = ([jnp.zeros(shape, cfg.compute_jnp_dtype) for _ in range(cfg.n_layers)] for _ in range(2))
-    extra = ()
-    if cfg.copy_head_dim > 0:
-        extra = (
-            jnp.zeros((1, batch, max_len, 1, cfg.copy_head_dim), jnp.float32),
-            jnp.zeros((1, batch, max_len, 1, 1), jnp.int32),
-        )
+    extra = copy_head.init_cache(cfg, batch, max_len)
     return LayerCaches(k=tuple(k), v=tuple(v), lengths=jnp.zeros((batch,), jnp.int32), extra=extra)
 
 
@@ -124,16 +99,17 @@ def _zip_buffers(fn, a: LayerCaches, b: LayerCaches, lengths: jax.Array) -> Laye
 
 def moe_dropless(
     p: dict, x_btd: jax.Array, valid_bt: jax.Array, cfg: ModelConfig, first_capacity: float
-) -> tuple[jax.Array, jax.Array]:
-    """The MoE layer with no dropped assignment, trying a smaller expert capacity first.
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The MoE layer with no dropped assignment, trying a smaller expert capacity first (the sampler's
+    `moe_ffn` of model.forward).
 
     With capacity dispatch: a call of at most DENSE_MAX_TOKENS tokens runs dispatch 'dense'. Otherwise,
     with first_capacity below cfg.capacity_factor (which must never drop), the layer runs with factor
     first_capacity and, only if that dropped an assignment, again with cfg.capacity_factor: the output is
     the dropless one either way, and most calls pay for the smaller capacity only. Returns
-    (y [b, t, d], whether the second pass ran).
+    (y [b, t, d], {'moe_redone': 1 if the second pass ran, else 0 (int32)}).
     """
-    no_redo = jnp.zeros((), bool)
+    no_redo = {"moe_redone": jnp.zeros((), jnp.int32)}
     if cfg.dispatch == "capacity" and x_btd.shape[0] * x_btd.shape[1] <= DENSE_MAX_TOKENS:
         return moe.moe_layer(p, x_btd, valid_bt, dataclasses.replace(cfg, dispatch="dense"))[0], no_redo
     if cfg.dispatch != "capacity" or first_capacity >= cfg.capacity_factor:
@@ -141,7 +117,7 @@ def moe_dropless(
     y_btd, aux = moe.moe_layer(p, x_btd, valid_bt, dataclasses.replace(cfg, capacity_factor=first_capacity))
     redo = aux["dropped_fraction"] > 0
     y_btd = jax.lax.cond(redo, lambda: moe.moe_layer(p, x_btd, valid_bt, cfg)[0], lambda: y_btd)
-    return y_btd, redo
+    return y_btd, {"moe_redone": redo.astype(jnp.int32)}
 
 
 def forward_unstacked(
@@ -153,68 +129,16 @@ def forward_unstacked(
     first_capacity: float,
     logits_at_b: jax.Array | None = None,
 ) -> tuple[jax.Array, LayerCaches, jax.Array]:
-    """model.forward with a cache, over `unstack_layers(params)` and per-layer caches, layers unrolled.
-
-    The same maths as model.forward (pre-norm: x += Attn(RMSNorm(x)); x += FFN(RMSNorm(x)); final norm;
-    logits), from the model's own attention, MoE and SwiGLU functions; the tests compare the two. Why not
-    model.forward itself: its layer scan slices every layer's weights out of the stacked arrays and its
-    keys/values out of the [L, ...] cache, and XLA:CPU materialises those slices (copies of all the
-    expert weights and of the cache, every layer of every decode step: about 40% of a decode step of
-    the peer-shape model); per-layer buffers need no slice, and each layer's cache is written in place.
-    MoE layers run through `moe_dropless` with first_capacity. With logits_at_b ([b] int32) only the
-    logits of token logits_at_b[i] of each row are computed (a prefill needs its last position's only).
-    Returns (logits [b, t, v] float32, or [b, 1, v] with logits_at_b; the cache; the number of MoE
-    layers that needed their second pass).
-    """
-    dtype = cfg.compute_jnp_dtype
-    positions_bt = positions_bt.astype(jnp.int32)
-    valid_bt = positions_bt >= 0
-    x_btd = jnp.take(params_u["embed"], tokens_bt, axis=0).astype(dtype)
-    plan = kv_cache.plan_write(cache.lengths, positions_bt, cache.k[0].shape[2])
-    redone, k_out, v_out = jnp.zeros((), jnp.int32), [], []
-    for p, k, v in zip(params_u["layers"], cache.k, cache.v, strict=True):
-        one = KVCache(k=k, v=v, lengths=cache.lengths)
-        h_btd = layers.rms_norm(x_btd, p["attn_norm"], cfg.rms_eps)
-        a_btd, one = attention.attention_layer(p["attn"], h_btd, positions_bt, cfg, jnp.int32(0), one, plan)
-        x_btd = x_btd + a_btd
-        h_btd = layers.rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps)
-        if "moe" in p:
-            y_btd, redo = moe_dropless(p["moe"], h_btd, valid_bt, cfg, first_capacity)
-            redone = redone + redo.astype(jnp.int32)
-        else:
-            y_btd = layers.swiglu(h_btd, p["mlp"]["w_gate"], p["mlp"]["w_up"], p["mlp"]["w_down"])
-        x_btd = x_btd + y_btd
-        k_out.append(one.k)
-        v_out.append(one.v)
-    extra = cache.extra
-    if cfg.copy_head_dim > 0:
-        # The copy head needs every new position's key (and token) in its cache, not only the logits'.
-        x_btd = layers.rms_norm(x_btd, params_u["final_norm"], cfg.rms_eps)
-        proj = copy_head.project(params_u["copy"], x_btd, tokens_bt, valid_bt, cfg.copy_head_lines)
-        k_buf, keys_bsgc = kv_cache.write_layer(extra[0], jnp.int32(0), proj.k[:, :, None, :], plan)
-        t_buf, toks_bsgc = kv_cache.write_layer(extra[1], jnp.int32(0), tokens_bt[:, :, None, None], plan)
-        extra = (k_buf, t_buf)
-        query_positions_bt = positions_bt
-        if logits_at_b is not None:
-            at = logits_at_b[:, None]
-            x_btd = jnp.take_along_axis(x_btd, at[..., None], axis=1)
-            proj = proj.at(logits_at_b)
-            query_positions_bt = jnp.take_along_axis(positions_bt, at, axis=1)
-    else:
-        if logits_at_b is not None:
-            x_btd = jnp.take_along_axis(x_btd, logits_at_b[:, None, None], axis=1)
-        x_btd = layers.rms_norm(x_btd, params_u["final_norm"], cfg.rms_eps)
-    w_dv = params_u["embed"].T if cfg.tie_embeddings else params_u["unembed"]
-    logits_btv = jnp.einsum("btd,dv->btv", x_btd, w_dv.astype(dtype), preferred_element_type=jnp.float32)
-    if cfg.copy_head_dim > 0:
-        toks_bs = toks_bsgc[:, :, 0, 0]
-        next_bs = jnp.concatenate([toks_bs[:, 1:], toks_bs[:, -1:]], axis=1)
-        ok_bts = copy_head.cached_ok(query_positions_bt, toks_bs.shape[1])
-        extra_bts = copy_head.bias(proj, toks_bs, query_positions_bt)
-        logits_btv = copy_head.mix(
-            logits_btv, proj.q, proj.z, keys_bsgc[:, :, 0, :], next_bs, ok_bts, extra_bts
-        )
-    return logits_btv, LayerCaches(tuple(k_out), tuple(v_out), plan.lengths_b, extra), redone
+    """model.forward over `unstack_layers(params)` and per-layer caches (layers unrolled), its MoE layers
+    through `moe_dropless` with first_capacity. With logits_at_b ([b] int32) only the logits of token
+    logits_at_b[i] of each row are computed (a prefill needs its last position's only). Returns (logits
+    [b, t, v] float32, or [b, 1, v] with logits_at_b; the cache; the number of MoE layers that needed
+    their second pass)."""
+    moe_ffn = functools.partial(moe_dropless, first_capacity=first_capacity)
+    logits_btv, cache, aux = model.forward(
+        params_u, tokens_bt, positions_bt, cfg, cache, moe_ffn=moe_ffn, logits_at_b=logits_at_b
+    )
+    return logits_btv, cache, aux.get("moe_redone", jnp.zeros((), jnp.int32))
 
 
 class SlotState(NamedTuple):

@@ -2,7 +2,7 @@
 
 Both scan over micro-batches (`lax.scan`), accumulate gradients as sums with token counts so the result
 equals one big batch exactly, clip by global norm and apply AdamW with linear warmup and cosine decay.
-`make_step` jits a step with shardings derived from the state and the batch rules, and donates the state.
+`jit_step` jits a step with shardings derived from the state and the batch rules, and donates the state.
 
 Batch layout (host side builds it, see composer/batching.py), all arrays `[m, b, t]` with m micro-batches:
   tokens int32, positions int32 (-1 on padding), loss_mask float32 (1 where the token is a *target* the
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from composer import model, sharding
+from composer import copy_head, model, sharding
 from composer.rl import advantages as adv_lib
 from composer.rl import losses
 
@@ -108,11 +108,7 @@ def sft_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: None = Non
         "dropped_fraction": losses.MaskedSum(aux["dropped_fraction"] * count, count),
     }
     if cfg.copy_loss_coef > 0 and cfg.copy_head_dim > 0:
-        # Position i's pointer scores token i + 1: shift to index the token scored, as logp is.
-        pad = jnp.zeros_like(mask[:, :1])
-        ptr_logp = jnp.concatenate([pad, aux["pointer_logp"][:, :-1]], 1)
-        ptr_mask = mask * jnp.concatenate([pad, aux["pointer_ok"][:, :-1].astype(jnp.float32)], 1)
-        pointer = losses.MaskedSum(-(ptr_logp * ptr_mask).sum(), ptr_mask.sum())
+        pointer = losses.MaskedSum(*copy_head.pointer_loss(aux["pointer_logp"], aux["pointer_ok"], mask))
         # Weighted per copyable token, normalised by the same count as the NLL.
         total = total + cfg.copy_loss_coef * pointer.total
         sums["pointer_loss"] = pointer

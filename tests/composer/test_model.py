@@ -150,19 +150,37 @@ def test_reference_attention_equals_loop():
 
 
 @pytest.mark.parametrize("n, g", [(4, 2), (4, 4), (6, 1), (12, 4), (16, 16)])
-def test_one_query_attention_equals_loop(n, g):
-    # A decode step (one query per row): per head up to PER_HEAD_MAX_HEADS query heads, else the
-    # block-diagonal path; both over the cache's own layout.
+def test_cpu_decode_attention_equals_reference(n, g):
+    # A decode step (one query per row) through 'cpu': per head up to PER_HEAD_MAX_HEADS query heads,
+    # else the block-diagonal path; both over the cache's own layout. GQA and MHA, a padding query.
     assert (n <= attention.PER_HEAD_MAX_HEADS) == (n < 12)
     b, s, h = 4, 11, 8
     q, k, v = _qkv(3, b, 1, s, n, g, h)
     q_pos = np.array([[6], [0], [-1], [10]], np.int32)
     kv_len = np.array([7, 1, 0, 11], np.int32)
-    got = jax.jit(attention.attend_reference)(q, k, v, jnp.asarray(q_pos), jnp.asarray(kv_len))
-    want = _attend_loop(q, k, v, q_pos, kv_len)
+    args = (jnp.asarray(q_pos), jnp.asarray(kv_len))
+    got = jax.jit(attention.get_attend("cpu"))(q, k, v, *args)
+    want = attention.attend_reference(q, k, v, *args)
     visible = q_pos >= 0
-    np.testing.assert_allclose(np.asarray(got)[visible], want[visible], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got)[visible], np.asarray(want)[visible], atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(got)[visible], _attend_loop(q, k, v, q_pos, kv_len)[visible], atol=1e-5
+    )
     assert np.isfinite(np.asarray(got)).all()
+
+
+def test_cpu_cached_attention_equals_reference():
+    # Several queries per row over a cache longer than a key chunk (prefill / extend through 'cpu').
+    b, t, s, n, g, h = 3, 5, 2 * attention.KEY_CHUNK + 7, 4, 2, 8
+    q, k, v = _qkv(5, b, t, s, n, g, h)
+    q_pos = np.array([[300, 301, 302, 303, 304], [0, 1, 2, -1, -1], [-1] * 5], np.int32)
+    kv_len = np.array([305, 3, 0], np.int32)
+    args = (jnp.asarray(q_pos), jnp.asarray(kv_len))
+    got = np.asarray(jax.jit(attention.get_attend("cpu"))(q, k, v, *args))
+    want = np.asarray(attention.attend_reference(q, k, v, *args))
+    visible = q_pos >= 0
+    np.testing.assert_allclose(got[visible], want[visible], atol=1e-5)
+    assert np.isfinite(got).all()
 
 
 def test_key_chunks_equal_loop_and_stop_at_the_longest_row():
@@ -189,11 +207,14 @@ def test_key_chunks_equal_loop_and_stop_at_the_longest_row():
     np.testing.assert_allclose(whole[visible], got[visible], atol=1e-5)
 
 
-def test_causal_blocks_equal_full_attention_values_and_grads():
+@pytest.mark.parametrize("block", [8, attention.CAUSAL_BLOCK])
+def test_causal_blocks_equal_full_attention_values_and_grads(block):
     # Rows of real tokens at positions = indices, then padding (-1), as the cache-free path gets them.
-    b, t, n, g, h, block = 3, 32, 4, 2, 8, 8
+    # Block CAUSAL_BLOCK: 'cpu' itself with self_keys (the training path), against the plain reference.
+    b, n, g, h = 3, 4, 2, 8
+    t = 4 * block
     q, k, v = _qkv(1, b, t, t, n, g, h)
-    lengths = np.array([32, 19, 5])
+    lengths = np.array([t, t // 2 + 3, 5])
     q_pos = np.where(np.arange(t)[None] < lengths[:, None], np.arange(t)[None], -1).astype(np.int32)
     kv_len = jnp.asarray(lengths, jnp.int32)
     real = jnp.asarray(q_pos >= 0)[:, :, None, None]
@@ -203,6 +224,8 @@ def test_causal_blocks_equal_full_attention_values_and_grads():
         return jnp.sum(jnp.where(real, o, 0.0) * jnp.cos(jnp.arange(h)))
 
     def blocked(*a):
+        if block == attention.CAUSAL_BLOCK:
+            return attention.get_attend("cpu")(*a, self_keys=True)
         return attention.attend_causal_blocks(attention.attend_reference, *a, block=block)
 
     want, want_g = jax.value_and_grad(loss, (1, 2, 3))(attention.attend_reference, q, k, v)
@@ -210,14 +233,16 @@ def test_causal_blocks_equal_full_attention_values_and_grads():
     np.testing.assert_allclose(got, want, rtol=1e-5)
     for a, e in zip(got_g, want_g):
         np.testing.assert_allclose(a, e, atol=1e-5)
+    if block != 8:
+        return
     o = blocked(q, k, v, jnp.asarray(q_pos), kv_len)
     np.testing.assert_allclose(np.asarray(o)[q_pos >= 0], _attend_loop(q, k, v, q_pos, lengths)[q_pos >= 0],
                                atol=1e-5)  # fmt: skip
 
 
 def test_registries_resolve_lazily():
-    assert isinstance(attention.ATTENTION_IMPLS["pallas"], str)  # resolved only if selected
     assert attention.get_attend("reference") is attention.attend_reference
+    assert attention.get_attend("cpu") is attention.attend_cpu
     table = {"norm": "composer.layers:rms_norm", "missing": "composer.no_such_module:f"}
     assert registry.resolve(table, "norm", "thing").__name__ == "rms_norm"
     with pytest.raises(ImportError, match="no_such_module"):
