@@ -7,8 +7,8 @@ equals one big batch exactly, clip by global norm and apply AdamW with linear wa
 Batch layout (host side builds it, see composer/batching.py), all arrays `[m, b, t]` with m micro-batches:
   tokens int32, positions int32 (-1 on padding), loss_mask float32 (1 where the token is a *target* the
   policy generated). RL batches add sampler_logprobs float32 [m, b, t] (behaviour log-probs, aligned with
-  the target tokens), advantages float32 [m, b] (per sequence; or [m, b, t] per token, with
-  rl.error_turn_penalty) and truncated bool [m, b].
+  the target tokens), advantages float32 [m, b] (per sequence; or [m, b, t] per token) and truncated bool
+  [m, b].
 PPO (`ppo_step`, rl.algorithm='gae') instead has per-token advantages [m, b, t] plus returns and old_values
 [m, b, t] from `ppo_targets`, which computes them under the critic (cfg.value_head) before the update.
 """
@@ -169,8 +169,8 @@ def _policy_loss(logp, entropy, aux: dict, batch: dict, cfg: model.ModelConfig, 
     mask = batch["loss_mask"].astype(jnp.float32)
     sampler_logprobs = batch["sampler_logprobs"]
     if "off_policy" in batch:
-        # Sequences the sampler never drew (the expert's, composer/pipeline/rl.py:guide_sequence) have no
-        # behaviour log-probs: scored as if sampled from the current policy (IS weight 1, ratio 1), their
+        # Sequences the sampler never drew (the expert's guide, composer/pipeline/expert_members.py) have
+        # no behaviour log-probs: scored as if sampled from the current policy (IS weight 1, ratio 1), their
         # gradient is advantage x grad log p, a weighted likelihood step.
         off = batch["off_policy"][:, None] > 0
         sampler_logprobs = jnp.where(off, jax.lax.stop_gradient(logp), sampler_logprobs)

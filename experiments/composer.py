@@ -137,7 +137,7 @@ def _model() -> ConfigDict:
         max_seq_len=2048,
         param_dtype="float32",
         compute_dtype="float32",
-        attention_impl="reference",  # registry key in composer/attention.py
+        attention_impl="cpu",  # composer/attention.py: 'cpu' (tuned for XLA:CPU) | 'reference' | 'pallas'
         init_from="",  # a local Hugging Face checkpoint directory to start from ('' = random init)
     )
 

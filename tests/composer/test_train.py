@@ -71,7 +71,7 @@ def test_rl_loss_equals_policy_loss_on_learner_logprobs():
 
 
 def test_rl_step_takes_per_token_advantages():
-    """Per-token advantages (rl.error_turn_penalty) equal to each row's scalar give the same update; a
+    """Per-token advantages (as PPO's GAE gives) equal to each row's scalar give the same update; a
     token's own advantage moves only what that token's log-prob moves."""
     params = model.init(jax.random.key(0), CFG)
     opt = _optimizer()
