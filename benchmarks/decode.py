@@ -24,9 +24,9 @@ with our flags too (--peer-with-our-flags: they make the peer faster as well). T
       often do not. CPU seconds of each call (all threads of its process) are reported too.
     - harness: the peer's decode_bench.py itself, unchanged (its defaults are this shape), then ours
       timed right after it (--skip-harness skips this).
-(2) default: the model of experiments/composer.py (ModelConfig.from_config(get_config())) with its sampling
-    settings (decode_slots rows, steps_per_call, temperature, top_p, a max_seq_len cache); prompt 256,
-    64 new tokens.
+(2) default: the model of experiments/composer.py (`default_model_config`: the copy head's line keys off)
+    with its sampling settings (decode_slots rows, steps_per_call, temperature, top_p, a max_seq_len
+    cache); prompt 256, 64 new tokens.
 (3) rebuild / reuse: multi-turn episodes on the default model, each turn's prompt being the episode's
     whole stream so far (opening prompt, then per turn the generated tokens and a tool result), driven
     through add / step like the rollout driver, tools answering at once; once with every turn prefilled
@@ -38,6 +38,7 @@ The last line is one JSON object: {"peer_shape": {"tokens_per_s", ["peer_tokens_
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -239,9 +240,15 @@ def bench_paired(python: Path | None, pairs: int) -> dict:
     return res
 
 
+def default_model_config(config) -> ModelConfig:
+    """ModelConfig.from_config(config) without the copy head's line keys: the random prompts hold no chat
+    template and there is no tokenizer to take its tokens from (copy_head.LineTokens)."""
+    return dataclasses.replace(ModelConfig.from_config(config), copy_head_lines=False)
+
+
 def bench_default(repeats: int) -> dict:
     config = get_config()
-    cfg = ModelConfig.from_config(config)
+    cfg = default_model_config(config)
     params = model.init(jax.random.key(0), cfg)
     s = config.sampling
     sampler = Sampler(
@@ -260,7 +267,7 @@ def bench_rebuild(episodes: int, turns: int, turn_tokens: int, tool_tokens: int,
     second is measured.
     """
     config = get_config()
-    cfg = ModelConfig.from_config(config)
+    cfg = default_model_config(config)
     params = model.init(jax.random.key(0), cfg)
     s = config.sampling
     rng = np.random.default_rng(0)

@@ -26,7 +26,7 @@ r_t = softplus(h_t . w_r + b_r) and
 q . k carries no position, so without it the pointer cannot tell the start of the latest tool result
 (whose path a call copies) from the start of an earlier one.
 
-With line keys (`copy_head_lines`) a source also sees the line it would start copying:
+With line keys (cfg.copy_head_lines) a source also sees the line it would start copying:
 
     k_s += [s is in a context line] h_{e(s)} W_kl
 
@@ -36,6 +36,9 @@ a line of code (the old_string of an edit) blind to that line's content: the bug
 neighbours look the same until their ends. Only lines inside a finished non-assistant message (system,
 user, tool) get the term: they are prefilled whole, so the sampler computes exactly the keys the learner
 does, while the assistant's own tokens are decoded one at a time with no line end yet in sight.
+Which tokens mark lines is the tokenizer's business, not the model's, so their ids are no part of
+ModelConfig: they travel as a `LineTokens` value (hashable, a static argument under jit) that whoever
+runs the model passes beside cfg (composer/pipeline/learner.line_tokens builds it from a tokenizer).
 
 The model's "logits" become log p_t (their softmax is p_t, so every consumer of logits, the losses,
 the learner's log-probs and the sampler, works unchanged). Pointing at s and copying x_{s+1} is an
@@ -48,9 +51,11 @@ At t = 0 (no earlier position) the gate is closed and p_t is the vocabulary soft
 
 The model reaches the head through `declarations` (its weights, params['copy']), `logits` (the mixture's
 log-probs, without or with a cache: `init_cache` is the head's part of the sampler's cache),
-`next_token_logprob` (a loss on the data's own tokens) and `pointer_loss` (the pointer's own loss).
+`next_token_logprob` (a loss on the data's own tokens), `pointer_loss` (the pointer's own loss) and
+`active_line_tokens` (the line tokens a call runs with).
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -63,6 +68,41 @@ from composer.params import ParamDecl, constant, normal, zeros
 
 # Gate pre-activation where the pointer has nowhere to point: sigmoid(-30) ~ 1e-13.
 _CLOSED = -30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LineTokens:
+    """The chat-template tokens that mark where a line of context ends (module docstring). Frozen and
+    hashable: a static argument of jax.jit, like the ModelConfig it goes with."""
+
+    im_start: int
+    im_end: int
+    assistant: int  # the assistant role's token, right after im_start
+    newlines: tuple[int, ...]  # every token whose text holds a newline
+
+    def __post_init__(self) -> None:
+        # A list would leave the value unhashable (no static argument), numpy ints its hash unstable.
+        for name in ("im_start", "im_end", "assistant"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+        object.__setattr__(self, "newlines", tuple(int(i) for i in self.newlines))
+
+
+def uses_line_keys(cfg: ModelConfig) -> bool:
+    """Whether a model of `cfg` needs `LineTokens` to run: it has a copy head, with line keys."""
+    return cfg.copy_head_dim > 0 and cfg.copy_head_lines
+
+
+def active_line_tokens(cfg: ModelConfig, line_tokens: LineTokens | None) -> LineTokens | None:
+    """The line tokens a call of the model runs with: `line_tokens` where cfg has line keys, None where it
+    has none (its params hold no w_k_line). Line keys without ids are an error, never plain keys."""
+    if not uses_line_keys(cfg):
+        return None
+    if line_tokens is None:
+        raise ValueError(
+            "the copy head's line keys (copy_head_lines) need the chat template's token ids: pass "
+            "line_tokens (composer/pipeline/learner.line_tokens builds them from the tokenizer)"
+        )
+    return line_tokens
 
 
 def declarations(cfg: ModelConfig) -> dict:
@@ -125,22 +165,20 @@ class Projection(NamedTuple):
 
 
 def line_ends(
-    tokens_bt: jax.Array, valid_bt: jax.Array, lines: tuple[int, ...]
+    tokens_bt: jax.Array, valid_bt: jax.Array, line_tokens: LineTokens
 ) -> tuple[jax.Array, jax.Array]:
     """For each position s of each row: (index of e(s), whether s gets the line term) [b, t] each.
 
-    lines = (im_start, im_end, assistant role token, *newline tokens) (module docstring). Everything is
-    found inside the row (a call's own tokens): a message whose start is not in the row counts as the
-    assistant's, which it always is where the sampler extends a cached prefix (the row then starts with
-    the assistant's last token).
+    Everything is found inside the row (a call's own tokens): a message whose start is not in the row
+    counts as the assistant's, which it always is where the sampler extends a cached prefix (the row then
+    starts with the assistant's last token).
     """
-    im_start, im_end, assistant, *newlines = lines
     t = tokens_bt.shape[1]
     idx = jnp.arange(t, dtype=jnp.int32)[None, :]
-    is_start = (tokens_bt == im_start) & valid_bt
-    is_end = (tokens_bt == im_end) & valid_bt
+    is_start = (tokens_bt == line_tokens.im_start) & valid_bt
+    is_end = (tokens_bt == line_tokens.im_end) & valid_bt
     bound = is_start | is_end
-    stop = jnp.isin(tokens_bt, jnp.asarray(newlines, jnp.int32)) | bound | ~valid_bt
+    stop = jnp.isin(tokens_bt, jnp.asarray(line_tokens.newlines, jnp.int32)) | bound | ~valid_bt
     # next_stop[p] = the first stopping position >= p (t: none in the row).
     next_stop = jax.lax.cummin(jnp.where(stop, idx, t), axis=1, reverse=True)
     # The line that holds x_{s+1} ends just before the first stop after s.
@@ -148,7 +186,9 @@ def line_ends(
     last_start = jax.lax.cummax(jnp.where(is_start, idx, -1), axis=1)
     last_end = jax.lax.cummax(jnp.where(is_end, idx, -1), axis=1)
     role = jnp.take_along_axis(tokens_bt, jnp.clip(last_start + 1, 0, t - 1), axis=1)
-    inside = (last_start >= 0) & (last_start < idx) & (last_end < last_start) & (role != assistant)
+    inside = (
+        (last_start >= 0) & (last_start < idx) & (last_end < last_start) & (role != line_tokens.assistant)
+    )
     use = inside & valid_bt & ~bound & (end >= idx)
     return jnp.where(use, end, idx), use
 
@@ -158,10 +198,10 @@ def project(
     x_btd: jax.Array,
     tokens_bt: jax.Array | None = None,
     valid_bt: jax.Array | None = None,
-    lines: tuple[int, ...] = (),
+    line_tokens: LineTokens | None = None,
 ) -> Projection:
-    """The head's projections of final hidden states x_btd; with `lines` (and the call's tokens and
-    their validity) the keys get the line term (module docstring)."""
+    """The head's projections of final hidden states x_btd; with `line_tokens` (and the call's tokens
+    and their validity) the keys get the line term (module docstring)."""
     x = x_btd.astype(jnp.float32)
 
     def f(name):
@@ -175,8 +215,8 @@ def project(
         recency = jax.nn.softplus(f("w_recency") + p["b_recency"].astype(jnp.float32))
     k = f("w_k")
     # A one-token call (a decode step) holds no message start, so none of its positions gets the term.
-    if lines and x.shape[1] > 1:
-        end_bt, use_bt = line_ends(tokens_bt, valid_bt, lines)
+    if line_tokens is not None and x.shape[1] > 1:
+        end_bt, use_bt = line_ends(tokens_bt, valid_bt, line_tokens)
         x_end = jnp.take_along_axis(x, end_bt[..., None], axis=1)
         k = k + jnp.where(use_bt[..., None], x_end @ p["w_k_line"].astype(jnp.float32), 0.0)
     return Projection(f("w_q"), k, z, match, recency)
@@ -293,11 +333,11 @@ def _log_mass(mass_bt: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.where(copyable, jnp.log(jnp.where(copyable, mass_bt, 1.0)), 0.0), copyable
 
 
-def _uncached_inputs(p, x_btd, tokens_bt, positions_bt, lines):
+def _uncached_inputs(p, x_btd, tokens_bt, positions_bt, line_tokens):
     """The pointer's inputs over a call's own tokens (see `mix_uncached`): (projection, next_bs, ok, bias)."""
     t = tokens_bt.shape[1]
     valid_bt = positions_bt >= 0
-    proj = project(p, x_btd, tokens_bt, valid_bt, lines)
+    proj = project(p, x_btd, tokens_bt, valid_bt, line_tokens)
     # Source s needs a known successor: s + 1 is a real token of the row, and s + 1 <= the query's index.
     succ_bs = jnp.concatenate([valid_bt[:, 1:], jnp.zeros_like(valid_bt[:, :1])], axis=1)
     idx = jnp.arange(t)
@@ -314,13 +354,13 @@ def mix_uncached(
     logits_btv: jax.Array,
     tokens_bt: jax.Array,
     positions_bt: jax.Array,
-    lines: tuple[int, ...] = (),
+    line_tokens: LineTokens | None = None,
     with_pointer: bool = False,
 ) -> jax.Array | tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """The copy head over this call's own tokens (no cache: each row's real tokens at positions 0, 1, ...).
     With `with_pointer`, also `pointer_logprob` of each next token of the row ([b, t], the last position's
     meaningless): what a loss on the pointer alone trains."""
-    proj, next_bs, ok, extra = _uncached_inputs(p, x_btd, tokens_bt, positions_bt, lines)
+    proj, next_bs, ok, extra = _uncached_inputs(p, x_btd, tokens_bt, positions_bt, line_tokens)
     if not with_pointer:
         return mix(logits_btv, proj.q, proj.z, proj.k, next_bs, ok, extra)
     logp, a = mix(logits_btv, proj.q, proj.z, proj.k, next_bs, ok, extra, with_pointer=True)
@@ -333,7 +373,7 @@ def next_token_logprob_uncached(
     logits_btv: jax.Array,
     tokens_bt: jax.Array,
     positions_bt: jax.Array,
-    lines: tuple[int, ...] = (),
+    line_tokens: LineTokens | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """log p_t(x_{t+1}) [b, t] of the mixture, i.e. `mix_uncached`'s log-probs at each next token of the row
     (the last position's meaningless), and `pointer_logprob` of the same tokens.
@@ -344,7 +384,7 @@ def next_token_logprob_uncached(
     CPU) took 1714 ms through `mix_uncached` and 1448-1556 through this, 1513 with no copy head at all.
     """
     v = logits_btv.shape[-1]
-    proj, next_bs, ok, extra = _uncached_inputs(p, x_btd, tokens_bt, positions_bt, lines)
+    proj, next_bs, ok, extra = _uncached_inputs(p, x_btd, tokens_bt, positions_bt, line_tokens)
     a, z_bt = pointer(proj.q, proj.z, proj.k, ok, extra)
     # As in `mix`, a source copies its clipped successor, and the target is that of the query's position.
     next_bs = jnp.clip(next_bs, 0, v - 1)
@@ -366,7 +406,7 @@ def logits(
     x_btd: jax.Array,
     tokens_bt: jax.Array,
     positions_bt: jax.Array,
-    lines: tuple[int, ...],
+    line_tokens: LineTokens | None,
     unembed: Callable[[jax.Array], jax.Array],
     *,
     extra: tuple[jax.Array, ...] | None = None,
@@ -375,7 +415,8 @@ def logits(
     with_pointer: bool = False,
 ) -> tuple[jax.Array, tuple[jax.Array, ...] | None, tuple[jax.Array, jax.Array] | None]:
     """The model's head with the copy head: log p [b, t, v] float32 (module docstring) of the final
-    hidden states x_btd, where unembed maps hidden states to vocabulary logits.
+    hidden states x_btd, where unembed maps hidden states to vocabulary logits; line_tokens: None without
+    line keys (`active_line_tokens`).
 
     Without `extra`: over the call's own tokens (`mix_uncached`; with_pointer also gives its pointer
     log-probs). With `extra` (`init_cache`'s buffers) and the call's write `plan`: every new position's key
@@ -386,9 +427,9 @@ def logits(
     if extra is None:
         if logits_at_b is not None:
             raise ValueError("logits_at_b needs a cache")
-        out = mix_uncached(p, x_btd, unembed(x_btd), tokens_bt, positions_bt, lines, with_pointer)
+        out = mix_uncached(p, x_btd, unembed(x_btd), tokens_bt, positions_bt, line_tokens, with_pointer)
         return (out[0], None, out[1]) if with_pointer else (out, None, None)
-    proj = project(p, x_btd, tokens_bt, positions_bt >= 0, lines)
+    proj = project(p, x_btd, tokens_bt, positions_bt >= 0, line_tokens)
     # The cache takes every new position's key and token, not only those of the kept queries.
     k_buf, keys_bsgc = kv_cache.write_layer(extra[0], jnp.int32(0), proj.k[:, :, None, :], plan)
     t_buf, toks_bsgc = kv_cache.write_layer(extra[1], jnp.int32(0), tokens_bt[:, :, None, None], plan)

@@ -1,7 +1,8 @@
 """The decoder-only MoE transformer as pure functions over a params pytree.
 
     init(key, cfg) -> params
-    forward(params, tokens_bt, positions_bt, cfg, cache=None) -> (logits_btv float32, cache, aux)
+    forward(params, tokens_bt, positions_bt, cfg, cache=None, *, line_tokens=None)
+        -> (logits_btv float32, cache, aux)
 
 A layer (`block`) is pre-norm: x += Attn(RMSNorm(x)); x += FFN(RMSNorm(x)), with FFN a dense SwiGLU in the
 first cfg.n_dense_layers layers and the MoE layer (composer/moe.py) in the rest. The learner and the sampler
@@ -17,7 +18,9 @@ run the same `forward`; the params' layout picks how the layers run:
 query per row for the head (a prefill needs the last position's logits only).
 
 With cfg.copy_head_dim > 0 the "logits" are the log-probs of the copy head's mixture (composer/copy_head.py):
-the vocabulary softmax mixed with a pointer that copies a token out of the context.
+the vocabulary softmax mixed with a pointer that copies a token out of the context. With its line keys
+(cfg.copy_head_lines) the caller passes the chat template's tokens, `line_tokens` (a copy_head.LineTokens,
+static like cfg): they come from the tokenizer, not the config.
 
 Positions: a token with position < 0 is padding (attends nothing useful, is never attended to, takes no
 expert capacity, is excluded from the aux losses, is not written to the cache). A row's real tokens are a
@@ -164,6 +167,7 @@ def forward(
     *,
     moe_ffn: MoeFn = moe.moe_layer,
     logits_at_b: jax.Array | None = None,
+    line_tokens: copy_head.LineTokens | None = None,
 ) -> tuple[jax.Array, KVCache | LayerCaches | None, dict[str, jax.Array]]:
     """Logits of every token (of one per row with logits_at_b).
 
@@ -171,7 +175,8 @@ def forward(
     docstring. tokens_bt, positions_bt: int [b, t]. cache: None, or a cache to extend (rows may sit at
     different positions; the new tokens are written at their positions and lengths become last position
     + 1). moe_ffn: the MoE layer's function. logits_at_b: [b] int32, keep only query logits_at_b[i] of
-    each row (needs a cache).
+    each row (needs a cache). line_tokens: the copy head's line tokens, needed where cfg has line keys
+    and unused elsewhere.
     Returns (logits [b, t, v] float32 ([b, 1, v] with logits_at_b), the updated cache (None without one),
     aux), where aux holds load_balance_loss and router_z_loss (means over the MoE layers, not multiplied
     by their coefficients), dropped_fraction (mean over MoE layers; 0 for dropless dispatch) and the sums
@@ -194,7 +199,7 @@ def forward(
         x_btd,
         tokens_bt,
         positions_bt,
-        cfg.copy_head_lines,
+        copy_head.active_line_tokens(cfg, line_tokens),
         lambda x: _unembed(params, x, cfg),
         extra=None if cache is None else cache.extra,
         plan=plan,
@@ -209,13 +214,18 @@ def forward(
 
 
 def next_token_logprobs(
-    params: dict, tokens_bt: jax.Array, positions_bt: jax.Array, cfg: ModelConfig
+    params: dict,
+    tokens_bt: jax.Array,
+    positions_bt: jax.Array,
+    cfg: ModelConfig,
+    *,
+    line_tokens: copy_head.LineTokens | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """log p(tokens[b, i] | tokens[b, :i]) [b, t] (0 at i = 0) at temperature 1, and `forward`'s aux.
 
     Equal to gathering `forward`'s log-softmax at each next token, without the [b, t, v] distribution
     where the copy head would build it (`copy_head.next_token_logprob_uncached`): what a loss on the data's
-    own tokens (SFT) needs. No cache.
+    own tokens (SFT) needs. No cache. line_tokens as in `forward`.
     """
     positions_bt = positions_bt.astype(jnp.int32)
     x_btd, _, _, aux = _trunk(params, tokens_bt, positions_bt, cfg, None, moe.moe_layer)
@@ -224,7 +234,12 @@ def next_token_logprobs(
     logits_btv = _unembed(params, x_btd, cfg)
     if cfg.copy_head_dim > 0:
         logp_bt, pointer = copy_head.next_token_logprob_uncached(
-            params["copy"], x_btd, logits_btv, tokens_bt, positions_bt, cfg.copy_head_lines
+            params["copy"],
+            x_btd,
+            logits_btv,
+            tokens_bt,
+            positions_bt,
+            copy_head.active_line_tokens(cfg, line_tokens),
         )
         if cfg.copy_loss_coef > 0:
             aux["pointer_logp"], aux["pointer_ok"] = pointer

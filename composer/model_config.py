@@ -21,7 +21,7 @@ _MOE_FIELDS = (
     "z_loss_coef",
 )
 # Fields that are not config keys (set by code that needs them).
-_DERIVED_FIELDS = ("value_head", "copy_head_lines")
+_DERIVED_FIELDS = ("value_head",)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _QK_NORMS = ("none", "head", "proj")
 
@@ -48,11 +48,10 @@ class ModelConfig:
     copy_head_ngram: int = 0
     # With a copy head: a per-query penalty on the log-distance to each source (composer/copy_head.py).
     copy_head_recency: bool = False
-    # With a copy head: line keys. The chat tokens that mark where a line of context ends, as (im_start,
-    # im_end, the assistant role's token, *tokens that hold a newline); () turns them off. Token ids come
-    # from the tokenizer, so this is set by code that has one (composer/pipeline/learner.model_config),
-    # not a config key; config.model.copy_head_lines says whether to set it.
-    copy_head_lines: tuple[int, ...] = ()
+    # With a copy head: line keys, a source's key also sees the end of the line it would copy
+    # (composer/copy_head.py). The chat tokens that mark lines are the tokenizer's, not the model's: whoever
+    # runs the model passes them beside this config (copy_head.LineTokens).
+    copy_head_lines: bool = False
     # With a copy head: the weight of a loss on the pointer alone (SFT), -log sum_s a_ts [x_{s+1} = target]
     # at every trained token some source could copy (0: none). The mixture's own loss trains the pointer
     # only through the gate: where the gate closes early (the vocabulary guessing a file's package among

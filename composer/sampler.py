@@ -1,7 +1,7 @@
 """The continuous-batching sampler: jitted prefill and multi-step decode over a slot KV cache.
 
     s = Sampler(params, cfg, slots=16, max_len=2048, steps_per_call=8, temperature=1.0, top_p=1.0,
-                eos_id=tok.im_end_id, key=jax.random.key(0))
+                eos_id=tok.im_end_id, key=jax.random.key(0), line_tokens=learner.line_tokens(cfg, tok))
     s.add("episode-3@0", prompt_ids, max_new_tokens=256)
     outputs = s.step()          # list[TurnOutput]: the turns that finished during this call
 
@@ -47,7 +47,8 @@ in the turn, so batching never changes what is drawn; the log-prob recorded is t
 the token was drawn from, which equals the learner's at the same temperature when top_p is 1).
 
 The device calls (PREFILL, EXTEND, DECODE), the per-layer cache and the dropless expert capacity live
-in composer/sampler_device.py.
+in composer/sampler_device.py. `line_tokens` (copy_head.LineTokens) are the chat tokens a copy head with
+line keys needs, the tokenizer's (composer/pipeline/learner.line_tokens); a model without them takes None.
 
 Params: `update_params` swaps the weights used from the next device call on. A turn that is generating
 across the swap continues with the new weights over a cache written by the old ones (the learner's
@@ -63,7 +64,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from composer import sampling
+from composer import copy_head, sampling
 from composer.model_config import ModelConfig
 from composer.sampler_device import (
     SlotState,
@@ -132,10 +133,13 @@ class Sampler:
         prefill_buckets: Sequence[int] | None = None,
         reuse_prefix: bool = True,
         max_rows: int = 0,
+        line_tokens: copy_head.LineTokens | None = None,
     ):
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
         self.cfg = sampling_config(cfg)
+        # Checked here, not at the first prefill; None where unused, so no ids mean no extra compiles.
+        self.line_tokens = copy_head.active_line_tokens(cfg, line_tokens)
         self.n_moe_layers = cfg.n_moe_layers
         self.params, self.version = unstack_layers(params, per_expert_buffers(cfg)), 0
         self.slots, self.max_len, self.steps_per_call = slots, max_len, steps_per_call
@@ -381,13 +385,26 @@ class Sampler:
             offsets[i], lengths[i], slots[i], seeds[i] = offset, len(suffix), slot, req.seed
         if group[0][2] > 0:
             self.cache, logits_rv, redone = extend(
-                self.params, self.cache, tokens, offsets, lengths, slots, cfg=self.cfg
+                self.params,
+                self.cache,
+                tokens,
+                offsets,
+                lengths,
+                slots,
+                cfg=self.cfg,
+                line_tokens=self.line_tokens,
             )
             self.counters["extend_calls"] += 1
             self.counters["reused_tokens"] += int(offsets.sum())
         else:
             self.cache, logits_rv, redone = prefill(
-                self.params, self.cache, tokens, lengths, slots, cfg=self.cfg
+                self.params,
+                self.cache,
+                tokens,
+                lengths,
+                slots,
+                cfg=self.cfg,
+                line_tokens=self.line_tokens,
             )
         first, logp = draw(self.key, seeds, logits_rv, **self._sampling)
         first, logp, redone, logits_rv = jax.device_get((first, logp, redone, logits_rv))
@@ -455,7 +472,7 @@ class Sampler:
         window = next(w for w in self.windows if w >= min(top, self.max_len))
         self.cache, state, out = decode(
             self.params, self.cache, self.state, self.key, np.int32(self.eos_id), cfg=self.cfg, n_steps=n,
-            window=window, **self._sampling,
+            window=window, line_tokens=self.line_tokens, **self._sampling,
         )  # fmt: skip
         state, out = jax.device_get((state, out))
         self.state = SlotState(*(np.array(x) for x in state))  # writable host copies

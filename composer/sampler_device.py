@@ -128,15 +128,24 @@ def forward_unstacked(
     cache: LayerCaches,
     first_capacity: float,
     logits_at_b: jax.Array | None = None,
+    line_tokens: copy_head.LineTokens | None = None,
 ) -> tuple[jax.Array, LayerCaches, jax.Array]:
     """model.forward over `unstack_layers(params)` and per-layer caches (layers unrolled), its MoE layers
     through `moe_dropless` with first_capacity. With logits_at_b ([b] int32) only the logits of token
-    logits_at_b[i] of each row are computed (a prefill needs its last position's only). Returns (logits
+    logits_at_b[i] of each row are computed (a prefill needs its last position's only). line_tokens: the
+    copy head's, as model.forward takes them. Returns (logits
     [b, t, v] float32, or [b, 1, v] with logits_at_b; the cache; the number of MoE layers that needed
     their second pass)."""
     moe_ffn = functools.partial(moe_dropless, first_capacity=first_capacity)
     logits_btv, cache, aux = model.forward(
-        params_u, tokens_bt, positions_bt, cfg, cache, moe_ffn=moe_ffn, logits_at_b=logits_at_b
+        params_u,
+        tokens_bt,
+        positions_bt,
+        cfg,
+        cache,
+        moe_ffn=moe_ffn,
+        logits_at_b=logits_at_b,
+        line_tokens=line_tokens,
     )
     return logits_btv, cache, aux.get("moe_redone", jnp.zeros((), jnp.int32))
 
@@ -166,6 +175,7 @@ def _run_rows(
     offsets_r: jax.Array,
     lengths_r: jax.Array,
     cfg: ModelConfig,
+    line_tokens: copy_head.LineTokens | None,
 ) -> tuple[LayerCaches, jax.Array, jax.Array]:
     """Row i's lengths_r[i] tokens at positions offsets_r[i] + j over `rows` (which hold positions
     [0, offsets_r[i])). Returns (rows, the logits at each row's last new position [r, v] float32, MoE
@@ -175,7 +185,7 @@ def _run_rows(
     positions_rt = jnp.where(t_idx[None, :] < lengths_r[:, None], offsets_r[:, None] + t_idx[None, :], -1)
     last_r = jnp.maximum(lengths_r - 1, 0)
     logits_r1v, rows, redone = forward_unstacked(
-        params, tokens_rt, positions_rt, cfg, rows, PREFILL_CAPACITY, last_r
+        params, tokens_rt, positions_rt, cfg, rows, PREFILL_CAPACITY, last_r, line_tokens
     )
     return rows, logits_r1v[:, 0], redone
 
@@ -195,7 +205,7 @@ def _write_rows(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "line_tokens"), donate_argnames=("cache",))
 def prefill(
     params: dict,
     cache: LayerCaches,
@@ -204,6 +214,7 @@ def prefill(
     slots_r: jax.Array,
     *,
     cfg: ModelConfig,
+    line_tokens: copy_head.LineTokens | None = None,
 ) -> tuple[LayerCaches, jax.Array, jax.Array]:
     """Prefills r prompts into slots `slots_r` of the slot cache.
 
@@ -214,12 +225,18 @@ def prefill(
     """
     r, t = tokens_rt.shape
     small, logits_rv, redone = _run_rows(
-        params, init_layer_caches(cfg, r, t), tokens_rt, jnp.zeros_like(lengths_r), lengths_r, cfg
+        params,
+        init_layer_caches(cfg, r, t),
+        tokens_rt,
+        jnp.zeros_like(lengths_r),
+        lengths_r,
+        cfg,
+        line_tokens,
     )
     return _write_rows(cache, small, slots_r, lengths_r), logits_rv, redone
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("cfg", "line_tokens"), donate_argnames=("cache",))
 def extend(
     params: dict,
     cache: LayerCaches,
@@ -229,6 +246,7 @@ def extend(
     slots_r: jax.Array,
     *,
     cfg: ModelConfig,
+    line_tokens: copy_head.LineTokens | None = None,
 ) -> tuple[LayerCaches, jax.Array, jax.Array]:
     """Appends r suffixes to slots that hold their prefixes.
 
@@ -238,7 +256,7 @@ def extend(
     Returns as prefill: (cache, next-token logits [r, v], MoE layers that ran a second pass).
     """
     rows = cache.map(lambda x: jnp.take(x, slots_r, axis=1, mode="clip"), lengths=offsets_r)
-    rows, logits_rv, redone = _run_rows(params, rows, tokens_rt, offsets_r, lengths_r, cfg)
+    rows, logits_rv, redone = _run_rows(params, rows, tokens_rt, offsets_r, lengths_r, cfg, line_tokens)
     return _write_rows(cache, rows, slots_r, offsets_r + lengths_r), logits_rv, redone
 
 
@@ -272,7 +290,7 @@ def copy_rows(cache: LayerCaches, src_r: jax.Array, dst_r: jax.Array, lengths_r:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("cfg", "n_steps", "window"),
+    static_argnames=("cfg", "n_steps", "window", "line_tokens"),
     donate_argnames=("cache",),
 )
 def decode(
@@ -287,6 +305,7 @@ def decode(
     window: int,
     temperature: jax.Array,
     top_p: jax.Array,
+    line_tokens: copy_head.LineTokens | None = None,
 ) -> tuple[LayerCaches, SlotState, DecodeOut]:
     """Up to n_steps decode steps of every slot in one call (stops early once every slot is idle).
 
@@ -315,7 +334,13 @@ def decode(
     def body(carry):
         j, st, work, (tokens_nb, logprobs_nb, kept_nb, redone_total) = carry
         logits_b1v, work, redone = forward_unstacked(
-            params, st.token_b[:, None], st.position_b[:, None], cfg, work, DECODE_CAPACITY
+            params,
+            st.token_b[:, None],
+            st.position_b[:, None],
+            cfg,
+            work,
+            DECODE_CAPACITY,
+            line_tokens=line_tokens,
         )
         active_b = st.position_b >= 0
         keys_b = sampling.token_keys(base_key, st.seed_b, st.index_b)

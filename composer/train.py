@@ -11,6 +11,9 @@ Batch layout (host side builds it, see composer/batching.py), all arrays `[m, b,
   [m, b].
 PPO (`ppo_step`, rl.algorithm='gae') instead has per-token advantages [m, b, t] plus returns and old_values
 [m, b, t] from `ppo_targets`, which computes them under the critic (cfg.value_head) before the update.
+
+Everything that runs the model takes `line_tokens` beside cfg (a static copy_head.LineTokens): the chat
+template's tokens that the copy head's line keys need (model.forward); None where cfg has no line keys.
 """
 
 import functools
@@ -65,6 +68,8 @@ def token_logprobs(
     positions_bt: jax.Array,
     cfg: model.ModelConfig,
     temperature: float = 1.0,
+    *,
+    line_tokens: copy_head.LineTokens | None = None,
 ) -> tuple[jax.Array, jax.Array, dict]:
     """Log-probs of each next token: out[b, i] = log p(tokens[b, i] | tokens[b, :i]) for i >= 1 (0 at i=0).
 
@@ -75,7 +80,7 @@ def token_logprobs(
     """
     if temperature <= 0:
         raise ValueError(f"learner log-probs need a temperature > 0, got {temperature}")
-    logits_btv, _, aux = model.forward(params, tokens_bt, positions_bt, cfg)
+    logits_btv, _, aux = model.forward(params, tokens_bt, positions_bt, cfg, line_tokens=line_tokens)
     logits_btv = logits_btv[:, :-1].astype(jnp.float32)
     if temperature != 1.0:
         logits_btv = logits_btv / temperature
@@ -90,14 +95,23 @@ def _aux_loss(aux: dict, cfg: model.ModelConfig) -> jax.Array:
     return cfg.aux_loss_coef * aux["load_balance_loss"] + cfg.z_loss_coef * aux["router_z_loss"]
 
 
-def sft_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: None = None):
+def sft_loss(
+    params: PyTree,
+    batch: dict,
+    cfg: model.ModelConfig,
+    hp: None = None,
+    *,
+    line_tokens: copy_head.LineTokens | None = None,
+):
     """Next-token cross-entropy over loss_mask, as (sum, count); MoE aux losses weighted by the count.
 
     Returns (differentiable total, {name: MaskedSum}); 'loss' holds the count that grads are divided by.
     """
     del hp
     # The data's own next tokens only: no [b, t, v] distribution (`model.next_token_logprobs`).
-    logp, aux = model.next_token_logprobs(params, batch["tokens"], batch["positions"], cfg)
+    logp, aux = model.next_token_logprobs(
+        params, batch["tokens"], batch["positions"], cfg, line_tokens=line_tokens
+    )
     mask = batch["loss_mask"].astype(jnp.float32)
     count = mask.sum()
     nll = losses.MaskedSum(-(logp * mask).sum(), count)
@@ -145,22 +159,40 @@ class RLHParams(NamedTuple):
         )
 
 
-def rl_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: RLHParams):
+def rl_loss(
+    params: PyTree,
+    batch: dict,
+    cfg: model.ModelConfig,
+    hp: RLHParams,
+    *,
+    line_tokens: copy_head.LineTokens | None = None,
+):
     """The clipped policy-gradient loss of composer.rl.losses on one micro-batch (see policy_loss).
 
     One update per rollout batch: the 'old' policy is the current parameters (ratio 1, gradient of log p);
     truncated importance sampling corrects for the sampler's (possibly stale) log-probs.
     """
-    logp, entropy, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg, hp.temperature)
+    logp, entropy, aux = token_logprobs(
+        params, batch["tokens"], batch["positions"], cfg, hp.temperature, line_tokens=line_tokens
+    )
     return _policy_loss(logp, entropy, aux, batch, cfg, hp)
 
 
-def reference_logprobs(ref_params: PyTree, batch: dict, cfg: model.ModelConfig, temperature: float = 1.0):
+def reference_logprobs(
+    ref_params: PyTree,
+    batch: dict,
+    cfg: model.ModelConfig,
+    temperature: float = 1.0,
+    *,
+    line_tokens: copy_head.LineTokens | None = None,
+):
     """The reference model's token log-probs for a [m, b, t] batch (the KL term's `ref_logprobs`), one
     micro-batch at a time, at the sampler's temperature like the policy's."""
 
     def micro(mb):
-        return token_logprobs(ref_params, mb["tokens"], mb["positions"], cfg, temperature)[0]
+        return token_logprobs(
+            ref_params, mb["tokens"], mb["positions"], cfg, temperature, line_tokens=line_tokens
+        )[0]
 
     return jax.lax.map(micro, {"tokens": batch["tokens"], "positions": batch["positions"]})
 
@@ -223,7 +255,14 @@ class PPOHParams(NamedTuple):
         )
 
 
-def ppo_targets(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: PPOHParams) -> dict:
+def ppo_targets(
+    params: PyTree,
+    batch: dict,
+    cfg: model.ModelConfig,
+    hp: PPOHParams,
+    *,
+    line_tokens: copy_head.LineTokens | None = None,
+) -> dict:
     """GAE advantages and value targets of a rollout batch under the current critic (before the update).
 
     batch: [m, b, t] arrays with per-sequence 'rewards' [m, b] (the outcome, placed on the last generated
@@ -232,7 +271,7 @@ def ppo_targets(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: PPOHPar
     """
 
     def micro(mb):
-        _, _, aux = model.forward(params, mb["tokens"], mb["positions"], cfg)
+        _, _, aux = model.forward(params, mb["tokens"], mb["positions"], cfg, line_tokens=line_tokens)
         values = _state_values(aux)
         mask = mb["loss_mask"].astype(jnp.float32)
         token_rewards = adv_lib.outcome_token_rewards(mb["rewards"], mask)
@@ -244,10 +283,19 @@ def ppo_targets(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: PPOHPar
     return {"advantages": adv, "returns": returns, "old_values": values}
 
 
-def ppo_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: PPOHParams):
+def ppo_loss(
+    params: PyTree,
+    batch: dict,
+    cfg: model.ModelConfig,
+    hp: PPOHParams,
+    *,
+    line_tokens: copy_head.LineTokens | None = None,
+):
     """PPO: the clipped policy loss on per-token GAE advantages plus value_coef times the value loss."""
     temperature = hp.policy.temperature
-    logp, entropy, aux = token_logprobs(params, batch["tokens"], batch["positions"], cfg, temperature)
+    logp, entropy, aux = token_logprobs(
+        params, batch["tokens"], batch["positions"], cfg, temperature, line_tokens=line_tokens
+    )
     policy_total, sums = _policy_loss(logp, entropy, aux, batch, cfg, hp.policy)
     vloss, vmetrics = losses.value_loss(
         _state_values(aux),
@@ -263,11 +311,20 @@ def ppo_loss(params: PyTree, batch: dict, cfg: model.ModelConfig, hp: PPOHParams
     return total, dict(sums, value_loss=vloss, **vmetrics)
 
 
-LossFn = Callable[[PyTree, dict, model.ModelConfig, Any], tuple[jax.Array, dict]]
+# loss_fn(params, micro_batch, cfg, hp, *, line_tokens) -> (differentiable total, {name: MaskedSum})
+LossFn = Callable[..., tuple[jax.Array, dict]]
 
 
-def accumulate_grads(loss_fn: LossFn, params: PyTree, batch: dict, cfg: model.ModelConfig, hp: Any):
+def accumulate_grads(
+    loss_fn: LossFn,
+    params: PyTree,
+    batch: dict,
+    cfg: model.ModelConfig,
+    hp: Any,
+    line_tokens: copy_head.LineTokens | None = None,
+):
     """Scans micro-batches (leading axis of every batch array), summing grads and MaskedSums."""
+    loss_fn = functools.partial(loss_fn, line_tokens=line_tokens)
     grad_fn = jax.grad(loss_fn, has_aux=True)
 
     def body(carry, micro):
@@ -294,35 +351,57 @@ def apply_grads(
     return new, {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
 
 
-def _step(loss_fn, state, batch, cfg, optimizer, hp):
-    grads, sums = accumulate_grads(loss_fn, state.params, batch, cfg, hp)
+def _step(loss_fn, state, batch, cfg, optimizer, hp, line_tokens):
+    grads, sums = accumulate_grads(loss_fn, state.params, batch, cfg, hp, line_tokens)
     state, metrics = apply_grads(state, grads, sums["loss"].count, optimizer)
     metrics.update(losses.finish_all(sums))
     metrics["tokens"] = sums["loss"].count
     return state, metrics
 
 
-def sft_step(state: TrainState, batch: dict, key: jax.Array, *, cfg, optimizer) -> tuple[TrainState, dict]:
+def sft_step(
+    state: TrainState,
+    batch: dict,
+    key: jax.Array,
+    *,
+    cfg,
+    optimizer,
+    line_tokens: copy_head.LineTokens | None = None,
+) -> tuple[TrainState, dict]:
     """One SFT update on `batch` ([m, b, t] arrays). `key` is unused (no dropout); kept for the API."""
     del key
-    return _step(sft_loss, state, batch, cfg, optimizer, None)
+    return _step(sft_loss, state, batch, cfg, optimizer, None, line_tokens)
 
 
 def rl_step(
-    state: TrainState, batch: dict, key: jax.Array, *, cfg, optimizer, hp: RLHParams
+    state: TrainState,
+    batch: dict,
+    key: jax.Array,
+    *,
+    cfg,
+    optimizer,
+    hp: RLHParams,
+    line_tokens: copy_head.LineTokens | None = None,
 ) -> tuple[TrainState, dict]:
     """One GRPO-family update on `batch` ([m, b, t] arrays plus advantages, per sequence or per token, and
     truncated)."""
     del key
-    return _step(rl_loss, state, batch, cfg, optimizer, hp)
+    return _step(rl_loss, state, batch, cfg, optimizer, hp, line_tokens)
 
 
 def ppo_step(
-    state: TrainState, batch: dict, key: jax.Array, *, cfg, optimizer, hp: PPOHParams
+    state: TrainState,
+    batch: dict,
+    key: jax.Array,
+    *,
+    cfg,
+    optimizer,
+    hp: PPOHParams,
+    line_tokens: copy_head.LineTokens | None = None,
 ) -> tuple[TrainState, dict]:
     """One PPO update: batch as rl_step's with per-token advantages, 'returns' and 'old_values'."""
     del key
-    return _step(ppo_loss, state, batch, cfg, optimizer, hp)
+    return _step(ppo_loss, state, batch, cfg, optimizer, hp, line_tokens)
 
 
 def jit_step(step_fn: Callable, state: TrainState, batch_example: dict, mesh, rules, **static) -> Callable:

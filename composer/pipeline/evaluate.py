@@ -8,7 +8,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from composer.pipeline import next_call, rollouts
+from composer.pipeline import learner, next_call, rollouts
 from env import chat
 
 
@@ -52,8 +52,8 @@ def evaluate(
         return json.loads(out.read_text())
     tasks = tasks[: config.eval.n_tasks]
     sampler = rollouts.make_sampler(
-        config, params, cfg, tokenizer.im_end_id, temperature=config.eval.temperature,
-        key=jax.random.key(config.seed + 1),
+        config, params, cfg, tokenizer.im_end_id, line_tokens=learner.line_tokens(cfg, tokenizer),
+        temperature=config.eval.temperature, key=jax.random.key(config.seed + 1),
     )  # fmt: skip
     t0 = time.time()
     results = rollouts.one_episode_each(

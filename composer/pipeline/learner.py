@@ -1,4 +1,5 @@
-"""The learner's pieces shared by SFT and RL: model config, mesh, sharded train state, jitted steps."""
+"""The learner's pieces shared by SFT and RL: model config, the copy head's line tokens, mesh, sharded
+train state, jitted steps."""
 
 import dataclasses
 from collections.abc import Callable
@@ -8,7 +9,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from composer import batching, distributed, model, sharding, train
+from composer import batching, copy_head, distributed, model, sharding, train
 from env.tokenizer import Tokenizer
 
 
@@ -43,28 +44,29 @@ class Learner:
 
 
 def model_config(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> model.ModelConfig:
-    """The model config for `tokenizer`: its vocabulary must fit, and
-    the copy head's line keys (config.model.copy_head_lines) take their token ids from it."""
+    """The model config for `tokenizer`: its vocabulary must fit."""
     cfg = model.ModelConfig.from_config(config)
     vocab_size = tokenizer.vocab_size
     if vocab_size > cfg.vocab_size:
         raise ValueError(f"the tokenizer has {vocab_size} tokens but model.vocab_size is {cfg.vocab_size}")
-    if cfg.copy_head_dim > 0 and config.model.copy_head_lines:
-        cfg = dataclasses.replace(cfg, copy_head_lines=line_token_ids(tokenizer))
     return cfg
 
 
 _ASSISTANT = "assistant"  # the role's name in the chat template (env/chat.py)
 
 
-def line_token_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
-    """(im_start, im_end, the assistant role's token, *every token whose text holds a newline)."""
+def line_tokens(cfg: model.ModelConfig, tokenizer: Tokenizer) -> copy_head.LineTokens | None:
+    """The chat tokens that the copy head's line keys need, from `tokenizer`: what every call of a model
+    of `cfg` takes beside it (learner steps, reference log-probs, the sampler). None where cfg has no line
+    keys (config.model.copy_head_lines off, or no copy head)."""
+    if not copy_head.uses_line_keys(cfg):
+        return None
     role = tokenizer.encode(_ASSISTANT)
     if len(role) != 1:
         raise ValueError(f"line keys need the role {_ASSISTANT!r} to be one token, got {role}")
     vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
     newlines = sorted(i for i in vocab.values() if "\n" in tokenizer.decode([i]))
-    return (tokenizer.im_start_id, tokenizer.im_end_id, role[0], *newlines)
+    return copy_head.LineTokens(tokenizer.im_start_id, tokenizer.im_end_id, role[0], tuple(newlines))
 
 
 def build(
@@ -74,10 +76,12 @@ def build(
     learning_rate: float,
     total_steps: int,
     step_fn: Callable,
+    line_tokens: copy_head.LineTokens | None,
     init_params=None,
     **static,
 ) -> Learner:
-    """A learner with params born sharded on the config's mesh (or `init_params` placed there)."""
+    """A learner with params born sharded on the config's mesh (or `init_params` placed there). Its steps
+    call `step_fn` with the keywords cfg, line_tokens (`line_tokens`'s), optimizer and those of `static`."""
     mesh = sharding.make_mesh(config.mesh)
     rules = tuple(config.mesh.rules)
     optimizer = train.make_optimizer(config.optim, learning_rate, total_steps)
@@ -89,7 +93,8 @@ def build(
     state = distributed.init_state(params, optimizer, mesh)
     total, active = model.param_counts(cfg)
     logging.info("learner: %s parameters (%s active per token) on mesh %s", f"{total:,}", f"{active:,}", mesh)
-    return Learner(cfg, mesh, rules, optimizer, state, step_fn, dict(static, cfg=cfg, optimizer=optimizer))
+    static = dict(static, cfg=cfg, line_tokens=line_tokens, optimizer=optimizer)
+    return Learner(cfg, mesh, rules, optimizer, state, step_fn, static)
 
 
 def pack(sequences: list[dict], config: ml_collections.ConfigDict, batch_size: int) -> dict:

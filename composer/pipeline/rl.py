@@ -135,9 +135,10 @@ class _Policy(NamedTuple):
     reference: Callable | None  # rl.kl_coef > 0: batch -> the starting model's log-probs
 
 
-def _policy(config: ml_collections.ConfigDict, cfg, init_params) -> _Policy:
+def _policy(config: ml_collections.ConfigDict, cfg, init_params, line_tokens) -> _Policy:
     """The learner from `init_params` (the SFT model; for PPO with a critic head born at zero beside it),
-    and with `rl.kl_coef` > 0 the frozen starting model, scored at the sampler's temperature."""
+    and with `rl.kl_coef` > 0 the frozen starting model, scored at the sampler's temperature; every one of
+    them runs the model with `line_tokens` (the copy head's, learner.line_tokens)."""
     rl, sampler_cfg, sft_params, targets = config.rl, cfg, init_params, None
     if rl.algorithm == "gae":
         cfg = dataclasses.replace(cfg, value_head=True)
@@ -145,12 +146,13 @@ def _policy(config: ml_collections.ConfigDict, cfg, init_params) -> _Policy:
         head = params_lib.initialize(jax.random.key(config.seed), decls, cfg.param_jnp_dtype)["value_head"]
         init_params = dict(init_params, value_head=head)
         hp = train.PPOHParams.from_config(config)
-        targets = jax.jit(functools.partial(train.ppo_targets, cfg=cfg, hp=hp))
+        targets = jax.jit(functools.partial(train.ppo_targets, cfg=cfg, hp=hp, line_tokens=line_tokens))
     else:
         hp = train.RLHParams.from_config(config)
     learner = learner_lib.build(
         config, cfg, learning_rate=rl.learning_rate, total_steps=rl.steps,
-        step_fn=train.ppo_step if rl.algorithm == "gae" else train.rl_step, init_params=init_params, hp=hp,
+        step_fn=train.ppo_step if rl.algorithm == "gae" else train.rl_step, line_tokens=line_tokens,
+        init_params=init_params, hp=hp,
     )  # fmt: skip
     if rl.kl_coef <= 0:
         return _Policy(learner, targets, None)
@@ -158,7 +160,11 @@ def _policy(config: ml_collections.ConfigDict, cfg, init_params) -> _Policy:
         sft_params, sharding.param_shardings(sampler_cfg, learner.mesh, learner.rules)
     )
     temperature = config.sampling.temperature
-    ref_fn = jax.jit(functools.partial(train.reference_logprobs, cfg=sampler_cfg, temperature=temperature))
+    ref_fn = jax.jit(
+        functools.partial(
+            train.reference_logprobs, cfg=sampler_cfg, temperature=temperature, line_tokens=line_tokens
+        )
+    )
     return _Policy(learner, targets, functools.partial(ref_fn, ref_params))
 
 
@@ -298,7 +304,8 @@ def run(
     rl = config.rl
     if rl.algorithm not in adv_lib.ADVANTAGES:
         raise ValueError(f"unknown rl.algorithm {rl.algorithm!r}; known: {sorted(adv_lib.ADVANTAGES)}")
-    policy = _policy(config, cfg, init_params)
+    line_tokens = learner_lib.line_tokens(cfg, tokenizer)  # for the learner, reference and sampler alike
+    policy = _policy(config, cfg, init_params, line_tokens)
     learner = policy.learner
     ckpt = _checkpointer(config, workdir)
     progress, restored = _restore(ckpt, learner)
@@ -311,7 +318,7 @@ def run(
     logging.info("RL: drawing from %d train tasks, %d with %s episodes", len(data.train_tasks), started,
                  extras.starts.name)  # fmt: skip
     key = jax.random.fold_in(jax.random.key(config.seed), 1 + progress.step)
-    sampler = rollouts.make_sampler(config, learner.params, cfg, tokenizer.im_end_id,
+    sampler = rollouts.make_sampler(config, learner.params, cfg, tokenizer.im_end_id, line_tokens=line_tokens,
                                     temperature=config.sampling.temperature, key=key)  # fmt: skip
     sampler.update_params(learner.params, progress.version)
     engine = rollouts.VersionedEngine(sampler)

@@ -9,6 +9,7 @@ import jax
 import ml_collections
 from tqdm import tqdm
 
+from composer import copy_head
 from composer.sampler import Sampler
 from env import chat
 from env.rollout import RolloutLimits, iter_groups
@@ -83,8 +84,17 @@ def before_first_edit(messages: Sequence[chat.Message]) -> list[chat.Message] | 
 
 
 def make_sampler(
-    config: ml_collections.ConfigDict, params, cfg, eos_id: int, *, temperature: float, key: jax.Array
+    config: ml_collections.ConfigDict,
+    params,
+    cfg,
+    eos_id: int,
+    *,
+    line_tokens: copy_head.LineTokens | None,
+    temperature: float,
+    key: jax.Array,
 ) -> Sampler:
+    """The sampler of `config.sampling` over `params`; line_tokens: the copy head's
+    (composer/pipeline/learner.line_tokens), None for a model without line keys."""
     return Sampler(
         params,
         cfg,
@@ -96,6 +106,7 @@ def make_sampler(
         eos_id=eos_id,
         key=key,
         max_rows=config.sampling.max_prefill_rows,
+        line_tokens=line_tokens,
     )
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from absl import logging
 from tqdm import tqdm
 
-from composer import train
+from composer import copy_head, train
 from composer.checkpoint import Checkpointer, finish_saves_on_sigterm
 from composer.metrics import MetricsWriter
 from composer.pipeline import learner as learner_lib
@@ -131,13 +131,16 @@ def sequences(data: Data, edit_weight: float = 1.0, change_weight: float = 1.0) 
     return out
 
 
-def build(config: ml_collections.ConfigDict, cfg, init_params=None) -> learner_lib.Learner:
+def build(
+    config: ml_collections.ConfigDict, cfg, line_tokens: copy_head.LineTokens | None, init_params=None
+) -> learner_lib.Learner:
     return learner_lib.build(
         config,
         cfg,
         learning_rate=config.sft.learning_rate,
         total_steps=config.sft.steps,
         step_fn=train.sft_step,
+        line_tokens=line_tokens,
         init_params=init_params,
     )
 
@@ -153,7 +156,7 @@ def run(config: ml_collections.ConfigDict, workdir: Path, data: Data, writer: Me
         init_params, cfg, _ = load_pretrained(config, sharding.make_mesh(config.mesh))
     else:
         cfg = learner_lib.model_config(config, data.tokenizer)
-    learner = build(config, cfg, init_params)
+    learner = build(config, cfg, learner_lib.line_tokens(cfg, data.tokenizer), init_params)
     steps = config.sft.steps
     ckpt = Checkpointer(
         workdir / "checkpoints" / "sft",

@@ -151,7 +151,7 @@ def test_the_recency_term_prefers_the_latest_of_equal_sources():
 
 # Line keys: token ids of a toy chat template (im_start, im_end, the assistant role, two newline tokens).
 IM_START, IM_END, ASSISTANT, USER, NL, NL_INDENT = 0, 1, 2, 3, 4, 5
-LINES = (IM_START, IM_END, ASSISTANT, NL, NL_INDENT)
+LINES = copy_head.LineTokens(IM_START, IM_END, ASSISTANT, (NL, NL_INDENT))
 
 
 def _line_ends_reference(tokens, n):
@@ -208,7 +208,7 @@ def test_a_line_key_points_at_the_line_whose_end_matches():
     # the end's embedding and the pointer prefers the position before the second line's first 6. A
     # zero-layer model: h = embedding.
     cfg = dataclasses.replace(
-        ModelConfig(vocab_size=16, d_model=16, copy_head_dim=16, copy_head_lines=LINES), n_layers=0
+        ModelConfig(vocab_size=16, d_model=16, copy_head_dim=16, copy_head_lines=True), n_layers=0
     )
     params = model.init(jax.random.key(0), cfg)
     params["embed"] = jnp.eye(16) * 4.0
@@ -300,7 +300,7 @@ def test_next_token_logprobs_equal_the_full_distribution_at_the_next_tokens(copy
         copy_head_dim=copy_head_dim,
         copy_head_ngram=2,
         copy_head_recency=True,
-        copy_head_lines=LINES,
+        copy_head_lines=True,
         copy_loss_coef=0.5,
     )
     params = model.init(jax.random.key(3), cfg)
@@ -316,11 +316,11 @@ def test_next_token_logprobs_equal_the_full_distribution_at_the_next_tokens(copy
     weights = jnp.asarray(rng.random((4, t)) * (np.asarray(positions) > 0), jnp.float32)
 
     def full(p):
-        logp, _, aux = train.token_logprobs(p, tokens, positions, cfg)
+        logp, _, aux = train.token_logprobs(p, tokens, positions, cfg, line_tokens=LINES)
         return (logp * weights).sum(), (logp, aux)
 
     def targets(p):
-        logp, aux = model.next_token_logprobs(p, tokens, positions, cfg)
+        logp, aux = model.next_token_logprobs(p, tokens, positions, cfg, line_tokens=LINES)
         return (logp * weights).sum(), (logp, aux)
 
     (_, (want, want_aux)), want_grads = jax.value_and_grad(full, has_aux=True)(params)
@@ -340,3 +340,44 @@ def test_next_token_logprobs_equal_the_full_distribution_at_the_next_tokens(copy
         assert ok.sum() > 10  # the rows repeat tokens, so many targets are copyable
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got_grads), jax.tree.leaves(want_grads)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5, err_msg=str(path))
+
+
+def test_line_keys_take_their_tokens_as_an_argument_and_fail_without_them():
+    """ModelConfig says whether there are line keys; the tokens come beside it, and a model with line keys
+    run without them is an error, not plain keys. A model without line keys (or copy head) needs none."""
+    cfg = ModelConfig(vocab_size=16, d_model=16, n_layers=1, copy_head_dim=8, copy_head_lines=True)
+    params = model.init(jax.random.key(0), cfg)
+    tokens = jnp.asarray([_chat_row(np.random.default_rng(2), 3)])
+    positions = jnp.arange(tokens.shape[1])[None]
+    with pytest.raises(ValueError, match="line_tokens"):
+        model.forward(params, tokens, positions, cfg)
+    with pytest.raises(ValueError, match="line_tokens"):
+        model.next_token_logprobs(params, tokens, positions, cfg)
+    assert np.isfinite(np.asarray(model.forward(params, tokens, positions, cfg, line_tokens=LINES)[0])).all()
+    # Without line keys the tokens change nothing, and none are needed.
+    plain = dataclasses.replace(cfg, copy_head_lines=False)
+    plain_params = {**params, "copy": {k: v for k, v in params["copy"].items() if k != "w_k_line"}}
+    want = model.forward(plain_params, tokens, positions, plain)[0]
+    got = model.forward(plain_params, tokens, positions, plain, line_tokens=LINES)[0]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    no_head = dataclasses.replace(cfg, copy_head_dim=0)
+    model.forward(model.init(jax.random.key(0), no_head), tokens, positions, no_head)
+    # Hashable and equal by value: a static jit argument that does not recompile for equal ids.
+    same = copy_head.LineTokens(np.int32(IM_START), IM_END, ASSISTANT, [NL, NL_INDENT])
+    assert same == LINES and hash(same) == hash(LINES)
+
+
+def test_the_pipeline_takes_line_tokens_from_the_tokenizer():
+    from composer.pipeline import learner
+    from env import chat
+    from env.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["def f(x):\n    return x\n\nprint(f(1))\n", "assistant user tool"], 300)
+    cfg = ModelConfig(copy_head_dim=8, copy_head_lines=True)
+    lines = learner.line_tokens(cfg, tok)
+    assert (lines.im_start, lines.im_end) == (tok.token_id(chat.IM_START), tok.token_id(chat.IM_END))
+    assert [lines.assistant] == tok.encode("assistant")
+    assert set(tok.encode("\n")) <= set(lines.newlines)
+    assert all("\n" in tok.decode([i]) for i in lines.newlines)
+    assert learner.line_tokens(dataclasses.replace(cfg, copy_head_lines=False), tok) is None
+    assert learner.line_tokens(dataclasses.replace(cfg, copy_head_dim=0), tok) is None

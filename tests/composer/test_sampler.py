@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from composer import model, sampler_device, sampling, train
+from composer import copy_head, model, sampler_device, sampling, train
 from composer.model_config import ModelConfig
 from composer.sampler import Sampler
 
@@ -27,32 +27,36 @@ def _prompts(lengths, seed=0):
     return [rng.integers(0, CFG.vocab_size, n).tolist() for n in lengths]
 
 
-def _sampler(params=PARAMS, cfg=CFG, *, temperature=1.0, top_p=1.0, eos_id=None, max_rows=0):
+def _sampler(
+    params=PARAMS, cfg=CFG, *, temperature=1.0, top_p=1.0, eos_id=None, max_rows=0, line_tokens=None
+):
     # One shape for every test (2 slots, 3 steps per call, two prefill buckets) keeps the compiles few.
     return Sampler(
         params, cfg, slots=2, max_len=MAX_LEN, steps_per_call=3, temperature=temperature, top_p=top_p,
         eos_id=eos_id, key=jax.random.key(1), prefill_buckets=(32, MAX_LEN), max_rows=max_rows,
+        line_tokens=line_tokens,
     )  # fmt: skip
 
 
-@functools.partial(jax.jit, static_argnums=3)
-def _forward_jit(params, ids_bt, positions_bt, cfg):
-    return jax.nn.log_softmax(model.forward(params, ids_bt, positions_bt, cfg)[0], axis=-1)
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _forward_jit(params, ids_bt, positions_bt, cfg, line_tokens):
+    logits = model.forward(params, ids_bt, positions_bt, cfg, line_tokens=line_tokens)[0]
+    return jax.nn.log_softmax(logits, axis=-1)
 
 
-def _forward_logp(params, cfg, prompt, generated):
+def _forward_logp(params, cfg, prompt, generated, line_tokens=None):
     """log_softmax of the full-sequence forward (no cache) at each generated token: [len(generated), v].
     The sequence is right-padded to MAX_LEN (positions -1) so that every call has one shape."""
     seq = prompt + generated[:-1]
     ids = np.zeros((1, MAX_LEN), np.int32)
     ids[0, : len(seq)] = seq
     positions = np.where(np.arange(MAX_LEN) < len(seq), np.arange(MAX_LEN), -1)[None]
-    logp = _forward_jit(params, ids, positions, cfg)
+    logp = _forward_jit(params, ids, positions, cfg, line_tokens)
     return np.asarray(logp[0, len(prompt) - 1 : len(seq)])
 
 
-def _assert_logprobs_match(params, cfg, prompt, out):
-    logp_tv = _forward_logp(params, cfg, prompt, out.token_ids)
+def _assert_logprobs_match(params, cfg, prompt, out, line_tokens=None):
+    logp_tv = _forward_logp(params, cfg, prompt, out.token_ids, line_tokens)
     want = logp_tv[np.arange(len(out.token_ids)), out.token_ids]
     np.testing.assert_allclose(out.logprobs, want, atol=1e-4)
 
@@ -395,7 +399,8 @@ def test_copy_head_requests_with_one_prompt_share_its_prefill():
 # inside each prefill or extend call, so they must equal the learner's over the whole stream: for the
 # system and user messages of the first prompt and for the tool-result message an extend adds.
 IM_START, IM_END, ASSISTANT, USER, NL, NL_INDENT = 120, 121, 122, 123, 124, 125
-LINE_CFG = dataclasses.replace(COPY_CFG, copy_head_lines=(IM_START, IM_END, ASSISTANT, NL, NL_INDENT))
+LINES = copy_head.LineTokens(IM_START, IM_END, ASSISTANT, (NL, NL_INDENT))
+LINE_CFG = dataclasses.replace(COPY_CFG, copy_head_lines=True)
 LINE_PARAMS = model.init(jax.random.key(4), LINE_CFG)
 LINE_PARAMS["copy"]["b_gate"] = jnp.asarray(2.0, jnp.float32)
 LINE_PARAMS["copy"]["w_k_line"] = jax.random.normal(jax.random.key(5), LINE_PARAMS["copy"]["w_k"].shape)
@@ -416,18 +421,18 @@ def _context(seed, n):
 
 def test_line_key_logprobs_equal_forward_through_prefill_decode_and_extend():
     prompt = _message(USER, _context(11, 14)) + _message(USER, _context(12, 9)) + [IM_START, ASSISTANT, NL]
-    sampler = _sampler(LINE_PARAMS, LINE_CFG)
+    sampler = _sampler(LINE_PARAMS, LINE_CFG, line_tokens=LINES)
     first = sampler.generate([prompt], 6, request_ids=["l@0"])[0]
     # The toy model must not write a message mark itself (a real turn ends at its first im_end).
     assert not {IM_START, IM_END} & set(first.token_ids)
-    _assert_logprobs_match(LINE_PARAMS, LINE_CFG, prompt, first)
+    _assert_logprobs_match(LINE_PARAMS, LINE_CFG, prompt, first, LINES)
     stream = (
         prompt + first.token_ids + [IM_END, NL] + _message(USER, _context(13, 10)) + [IM_START, ASSISTANT, NL]
     )
     second = sampler.generate([stream], 6, request_ids=["l@1"])[0]
     assert sampler.stats()["extend_calls"] == 1
     assert not {IM_START, IM_END} & set(second.token_ids)
-    _assert_logprobs_match(LINE_PARAMS, LINE_CFG, stream, second)
+    _assert_logprobs_match(LINE_PARAMS, LINE_CFG, stream, second, LINES)
     # Not vacuous: without line keys the same tokens get other log-probs.
     plain = _forward_logp(_without_line_keys(LINE_PARAMS), COPY_CFG, stream, second.token_ids)
     plain = plain[np.arange(len(second.token_ids)), second.token_ids]
@@ -445,7 +450,7 @@ def test_a_new_episode_extends_from_the_messages_it_shares_with_its_slot():
     system = _message(USER, _context(21, 12))
     turn = [IM_START, ASSISTANT, NL]
     firsts = [system + _message(USER, _context(22 + i, 8 + i)) + turn for i in range(2)]
-    sampler = _sampler(LINE_PARAMS, LINE_CFG, eos_id=IM_END)
+    sampler = _sampler(LINE_PARAMS, LINE_CFG, eos_id=IM_END, line_tokens=LINES)
     sampler.generate(firsts, 4, request_ids=["a@0", "c@0"])  # both slots now remember a conversation
     assert sampler.stats()["extend_calls"] == 0
     # It shares the system message and the next message's first mark with each slot: only whole messages
@@ -454,7 +459,14 @@ def test_a_new_episode_extends_from_the_messages_it_shares_with_its_slot():
     new = sampler.generate([prompt], 6, request_ids=["b@0"])[0]
     stats = sampler.stats()
     assert stats["extend_calls"] == 1 and stats["reused_tokens"] == len(system) - 1  # up to its IM_END
-    alone = _sampler(LINE_PARAMS, LINE_CFG, eos_id=IM_END).generate([prompt], 6, request_ids=["b@0"])[0]
+    alone = _sampler(LINE_PARAMS, LINE_CFG, eos_id=IM_END, line_tokens=LINES).generate(
+        [prompt], 6, request_ids=["b@0"]
+    )[0]
     assert new.token_ids == alone.token_ids
     np.testing.assert_allclose(new.logprobs, alone.logprobs, atol=1e-5)
-    _assert_logprobs_match(LINE_PARAMS, LINE_CFG, prompt, new)
+    _assert_logprobs_match(LINE_PARAMS, LINE_CFG, prompt, new, LINES)
+
+
+def test_a_sampler_for_line_keys_needs_their_tokens():
+    with pytest.raises(ValueError, match="line_tokens"):
+        _sampler(LINE_PARAMS, LINE_CFG)
