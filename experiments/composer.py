@@ -7,8 +7,8 @@ Command (the embedded default, the CPU run of the main job):
 Hardware: a 2-core CPU, no accelerator, no downloads. Run time: 29.6-31.2 minutes measured alone with an
 empty compilation cache (DATA 6-7, SFT 8, EVAL 6-8, RL 4, EVAL 4). Expected result: the SFT model solves
 about 120-150 of the 200 held-out tasks and RL's 4 steps move that by a few tasks either way (runs: SFT
-123 -> RL 133, 147 -> 147, 147 -> 146, 147 -> 144). The model: 3.9 M parameters in total, 1.5 M active per token
-(``--mode=info`` prints them).
+123 -> RL 133, 147 -> 147, 147 -> 146, 147 -> 144). The model: 3.9 M parameters in total, 1.5 M active
+per token (``--mode=info`` prints them).
 
 Variants, chosen by the argument after the colon:
 
