@@ -7,6 +7,10 @@
     python -m env.tasks grade --task DIR/ID --workspace WS
         grades WS (a copy of the task's repo, edited) and prints one JSON object:
         {"instance_id", "reward", "tests": {node id: outcome}, "components": {...}, "output"}.
+    python -m env.tasks prepare SUITE [--cache DIR]
+        builds each distinct environment the suite's tasks name (a venv per environment, once, in the cache
+        directory: $COMPOSER_ENV_CACHE or ~/.cache/composer/envs); the only step that uses the network.
+        One line per environment, then one JSON line {"tasks", "environments", "seconds"}.
     python -m env.tasks solve --task DIR/ID [--chat]
         runs the scripted expert and prints the conversation (readable, or with --chat as the model sees
         it), then one JSON line {"instance_id", "reward", "n_turns", "family"}.
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from env.tasks.families import parse_families
 from env.tasks.generator import SPLITS, generate_suite
-from env.tasks.task import TaskError, load_task
+from env.tasks.task import TaskError, load_suite, load_task
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -72,6 +76,20 @@ def _grade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    from env.tasks import environments
+
+    t0 = time.perf_counter()
+    tasks = load_suite(args.suite)
+    cache = Path(args.cache) if args.cache else None
+    built = environments.prepare(tasks, cache, log=lambda line: print(line, flush=True))
+    for name, ids in built.items():
+        print(f"{name}: {len(ids)} tasks", flush=True)
+    summary = {"tasks": len(tasks), "environments": len(built), "seconds": round(time.perf_counter() - t0, 1)}
+    print(json.dumps(summary))
+    return 0
+
+
 def _solve(args: argparse.Namespace) -> int:
     from env.chat import render_text
     from env.expert import solve
@@ -117,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         "--isolation", default="auto", help="sandbox isolation: auto (default), bwrap, unshare, none"
     )
     p.set_defaults(run=_grade)
+    p = commands.add_parser("prepare", help="build the environments a suite's tasks name")
+    p.add_argument("suite", help="the suite directory (task directories inside)")
+    p.add_argument("--cache", default="", help="environment cache directory (default: see above)")
+    p.set_defaults(run=_prepare)
     p = commands.add_parser("solve", help="run the scripted expert on a task and print the conversation")
     p.add_argument("--task", required=True, help="the task directory")
     p.add_argument("--chat", action="store_true", help="print the conversation as the model sees it")
