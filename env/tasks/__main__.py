@@ -11,11 +11,16 @@
         builds each distinct environment the suite's tasks name (a venv per environment, once, in the cache
         directory: $COMPOSER_ENV_CACHE or ~/.cache/composer/envs); the only step that uses the network.
         One line per environment, then one JSON line {"tasks", "environments", "seconds"}.
+    python -m env.tasks validate SUITE [--workers W] [--isolation LEVEL]
+        checks every task (the empty patch scores 0, the gold patch 1 twice, the gold patch edits no test
+        file, the statement shows none of its added lines): a line per task, a table, then one JSON line
+        {"tasks", "valid", "invalid", "seconds", "seconds_per_task"}; exit status 1 if a task fails.
     python -m env.tasks solve --task DIR/ID [--chat]
         runs the scripted expert and prints the conversation (readable, or with --chat as the model sees
         it), then one JSON line {"instance_id", "reward", "n_turns", "family"}.
 
-Exit status: 0 on success (for grade and solve: whatever the reward), 2 on bad arguments or tasks.
+Exit status: 0 on success (for grade and solve: whatever the reward; validate: 1 if a task fails), 2 on bad
+arguments or tasks.
 """
 
 import argparse
@@ -90,6 +95,12 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from env.tasks.validate import run
+
+    return run(Path(args.suite), args.workers, args.isolation)
+
+
 def _solve(args: argparse.Namespace) -> int:
     from env.chat import render_text
     from env.expert import solve
@@ -139,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("suite", help="the suite directory (task directories inside)")
     p.add_argument("--cache", default="", help="environment cache directory (default: see above)")
     p.set_defaults(run=_prepare)
+    p = commands.add_parser("validate", help="check that every task of a suite grades as it should")
+    p.add_argument("suite", help="the suite directory")
+    p.add_argument("--workers", type=int, default=1, help="tasks validated at once (default 1)")
+    p.add_argument(
+        "--isolation", default="auto", help="sandbox isolation: auto (default), bwrap, unshare, none"
+    )
+    p.set_defaults(run=_validate)
     p = commands.add_parser("solve", help="run the scripted expert on a task and print the conversation")
     p.add_argument("--task", required=True, help="the task directory")
     p.add_argument("--chat", action="store_true", help="print the conversation as the model sees it")
