@@ -6,21 +6,29 @@ The reward is 1.0 if and only if every FAIL_TO_PASS and PASS_TO_PASS test passed
 are reported beside it in `Grade.components`, never mixed in.
 
 The workspace holds model-written files and is treated as hostile. Grading works on a copy (the episode's
-workspace is left as it was) and, before running anything, puts back what the agent must not control:
+workspace is left as it was) and, before running anything, puts back what the agent must not control, and
+nothing else (see `ProtectedFiles`):
 
-- the test files: every file under the test directories (the first path component of each graded node id,
-  e.g. `tests/`) is replaced by the task's copy in `repo/`; files the agent added there (a conftest.py, a
-  tests/__init__.py, helpers) are removed, deleted tests come back; then `test_patch` is applied;
+- the test files: those the graded node ids and `test_patch` name; in a dedicated test directory (the
+  nearest enclosing `tests/`, `test/` or `testing/`, e.g. `tests/` or `pkg/tests/`) every file, files the
+  agent added there (a conftest.py, a tests/__init__.py, helpers) removed and deleted ones brought back; in a
+  directory that also holds the package's source (`pkg/test_x.py` beside `pkg/core.py`, or the root) only
+  test files (test_*.py, *_test.py, conftest.py). Then `test_patch` is applied;
 - pytest's configuration: conftest.py files anywhere, and pytest.ini, .pytest.ini, pytest.toml,
   .pytest.toml, pyproject.toml, tox.ini, setup.cfg at the root, are restored to the task's version or
   removed (an `addopts` or a hook could deselect or fake tests);
 - shadowing: a new top-level module or package in the root named like a standard-library or installed module
   (pytest.py, _pytest/, pluggy/, xml/ ...) is removed, as are sitecustomize / usercustomize and .pth files;
 - bytecode: every __pycache__ directory and .pyc file goes (a forged .pyc can carry code its .py lacks);
-- the junit report path is cleared, so only this run's report is read.
+- the task's own junit report path, if test_cmd names one, is cleared, so only this run's report is read.
+Never restored: a file the gold patch touches (the package's source, whatever the layout; also a config
+file or a doctest module the fix must change), and source beside the tests.
 
 Then test_cmd runs in the sandbox (env.sandbox: no network, the copy as the only writable tree, limits,
-timeout) and per-test outcomes are read from the junit XML. A graded test absent from the report is
+timeout) with PYTEST_ADDOPTS adding `--junitxml=<a file in the sandbox's /tmp> -rA`, and per-test outcomes
+are read from the first of: the task's own junit report (when test_cmd names one: its option overrides
+ours), the grader's report (read before the sandbox and its /tmp go away), pytest's `-rA` short summary in
+the output (`PASSED node`, `FAILED node - message`, `ERROR node`). A graded test absent from it is
 'missing' (a failure). Code the agent wrote still runs inside the test process; changed source files that
 reach into pytest, the report or the interpreter (see TAMPER_TOKENS) are flagged `tamper_suspected` and score
 0. The fixes these tasks need never use such things; a determined hostile program could still hide them,
@@ -32,7 +40,9 @@ import difflib
 import functools
 import importlib.metadata
 import os
+import posixpath
 import re
+import shlex
 import shutil
 import stat
 import sys
@@ -64,6 +74,10 @@ CONFIG_FILES = (
     "setup.cfg",
 )
 STARTUP_MODULES = ("sitecustomize", "usercustomize")
+# Directory names that mark a dedicated test directory (restored wholesale).
+TEST_DIR_NAMES = ("tests", "test", "testing")
+# The grader's junit report, in the sandbox's /tmp (never in the workspace the agent wrote).
+REPORT_NAME = "composer-grade-junit.xml"
 # Words that a changed source file has no business gaining in a bug fix: hooks into pytest and its report,
 # interpreter-level patching, dynamic code.
 TAMPER_TOKENS = (
@@ -139,8 +153,11 @@ def grade(
         similarity = patch_similarity(task, copy)
         limits = limits or Limits(timeout_s=task.timeout_s)
         with Sandbox(copy, limits=limits, isolation=isolation) as box:
-            run = box.run(task.test_cmd, timeout=task.timeout_s)
-        tests = read_outcomes(task, copy)
+            report = f"{box.tmp}/{REPORT_NAME}"
+            addopts = f"--junitxml={shlex.quote(report)} -rA"
+            run = box.run(task.test_cmd, timeout=task.timeout_s, env={"PYTEST_ADDOPTS": addopts})
+            ours = read_report(box.host_path(report))  # before close: the sandbox's /tmp goes with it
+        tests = read_outcomes(task, copy, ours, run.output)
     finally:
         remove_workspace(copy)
     fail = [tests[t] == "passed" for t in task.FAIL_TO_PASS]
@@ -204,53 +221,110 @@ def _grading_copy(workspace: Path) -> tuple[Path, list[str]]:
     return copy, [f"[grading] not copied (not a regular file): {', '.join(sorted(skipped))}"]
 
 
-def graded_roots(task: Task) -> list[str]:
-    """Top-level directories (or root-level files) that hold the graded tests."""
-    roots = {node.split("::")[0].split("/")[0] for node in task.tests}
-    roots |= {p.split("/")[0] for p in patch_paths(task.test_patch)} if task.test_patch else set()
-    return sorted(roots)
+def is_test_file(name: str) -> bool:
+    """Whether a file name is one pytest collects or configures from: test_*.py, *_test.py, conftest.py."""
+    return name == "conftest.py" or (
+        name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtectedFiles:
+    """What grading restores of a task's repository: its tests, as laid out (see the module docstring).
+
+    files: the test files the graded node ids and test_patch name. test_dirs: dedicated test directories,
+    restored wholesale. mixed_dirs: the other directories of those files ("" for the root), where only test
+    files are restored. gold: the files the gold patch touches, never restored.
+    """
+
+    files: frozenset[str]
+    test_dirs: tuple[str, ...]
+    mixed_dirs: frozenset[str]
+    gold: frozenset[str]
+
+    def covers(self, rel: str) -> bool:
+        """Whether grading puts `rel` (repository-relative) back as the task has it."""
+        if rel in self.gold:
+            return False
+        parent, _, name = rel.rpartition("/")
+        return (
+            rel in self.files
+            or any(rel.startswith(d + "/") for d in self.test_dirs)
+            or (parent in self.mixed_dirs and is_test_file(name))
+            or name == "conftest.py"
+            or name.endswith(".pth")
+            or Path(name).stem in STARTUP_MODULES
+            or rel in CONFIG_FILES
+        )
+
+
+def _paths_of(patch: str) -> set[str]:
+    try:
+        return set(patch_paths(patch)) if patch else set()
+    except PatchError:
+        return set()
+
+
+def protected_files(task: Task) -> ProtectedFiles:
+    """The ProtectedFiles of `task`: the files of its graded node ids and test_patch, and their directories.
+
+    A file's dedicated test directory is its nearest enclosing directory named like TEST_DIR_NAMES (tests/
+    for tests/unit/test_a.py, pkg/tests/ for pkg/tests/test_x.py), unless the gold patch touches a file
+    under it (then that directory holds source, and is a mixed one)."""
+    gold = _paths_of(task.patch)
+    files = {node.split("::")[0] for node in task.tests} | _paths_of(task.test_patch)
+    files = {f for f in files if f and not os.path.isabs(f) and ".." not in f.split("/")} - gold
+    test_dirs, mixed = set(), set()
+    for rel in files:
+        parent = posixpath.dirname(rel)
+        parts = parent.split("/") if parent else []
+        found = None
+        for i in range(len(parts), 0, -1):
+            if parts[i - 1] in TEST_DIR_NAMES:
+                found = "/".join(parts[:i])
+                break
+        if found is not None and not any(g.startswith(found + "/") for g in gold):
+            test_dirs.add(found)
+        else:
+            mixed.add(parent)
+    # A test directory inside another is covered by the outer one.
+    outer = tuple(sorted(d for d in test_dirs if not any(d.startswith(o + "/") for o in test_dirs)))
+    return ProtectedFiles(frozenset(files), outer, frozenset(mixed), frozenset(gold))
 
 
 def restore(task: Task, tree: Path) -> list[str]:
     """Puts back in `tree` (a grading copy) everything listed in the module docstring; returns notes on
     what it changed."""
     original = task.repo
+    layout = protected_files(task)
     notes = []
 
     def put_back(rel: str) -> None:
         src = original / rel
         if src.is_file() and not src.is_symlink():
             data = src.read_bytes()
-            dst = tree / rel
-            if not (dst.is_file() and not dst.is_symlink() and _same(dst, data)):
+            dst = _in_tree(tree, rel)
+            if not (dst is not None and _same(dst, data)):
                 notes.append(f"[grading] restored {rel}")
                 write_file(tree, rel, data)
-        elif os.path.lexists(tree / rel):
+            return
+        dst = _in_tree(tree, rel)  # None: reached through a link, not an entry of the tree itself
+        if dst is not None and os.path.lexists(dst) and not (src.is_dir() and _is_real_dir(dst)):
             notes.append(f"[grading] removed {rel}")
-            remove_entry(tree / rel)
+            remove_entry(dst)
 
-    # Test directories: replaced wholesale by the task's.
-    for root in graded_roots(task):
-        src, dst = original / root, tree / root
-        if src.is_dir():
-            wanted = {p.relative_to(original).as_posix() for p in _files(src)}
-            present = {p.relative_to(tree).as_posix() for p in _files(dst)} if _is_real_dir(dst) else set()
-            if not _is_real_dir(dst) and os.path.lexists(dst):
-                remove_entry(dst)
-            for rel in sorted(present - wanted):
-                put_back(rel)
-            for rel in sorted(wanted):
-                put_back(rel)
-        else:
-            put_back(root)
-    # conftest.py anywhere, pytest configuration and interpreter start-up hooks at the root.
-    for path in _files(tree):
-        rel = path.relative_to(tree).as_posix()
-        name = path.name
-        if name == "conftest.py" or name.endswith(".pth") or Path(name).stem in STARTUP_MODULES:
+    # A dedicated test directory that the agent replaced by a link or a file goes first.
+    for root in layout.test_dirs:
+        dst = _in_tree(tree, root)
+        if dst is not None and os.path.lexists(dst) and not _is_real_dir(dst):
+            notes.append(f"[grading] removed {root}")
+            remove_entry(dst)
+    candidates = {p.relative_to(original).as_posix() for p in _files(original)}
+    candidates |= {p.relative_to(tree).as_posix() for p in _files(tree)}
+    candidates |= layout.files
+    for rel in sorted(candidates):
+        if layout.covers(rel):
             put_back(rel)
-    for name in CONFIG_FILES:
-        put_back(name)
     for entry in sorted(os.listdir(tree)):
         if not os.path.lexists(original / entry) and _shadows(tree / entry):
             notes.append(f"[grading] removed {entry} (shadows an installed module)")
@@ -261,14 +335,23 @@ def restore(task: Task, tree: Path) -> list[str]:
     report = junit_path(task.test_cmd)
     if report is not None:
         inside = _inside(report)
-        if inside is not None and os.path.lexists(tree / inside):
-            remove_entry(tree / inside)
+        dst = _in_tree(tree, inside) if inside is not None else None
+        if dst is not None and os.path.lexists(dst):
+            remove_entry(dst)
     if task.test_patch:
         try:
             apply_patch(tree, task.test_patch)
         except PatchError as e:
             notes.append(f"[grading] test_patch did not apply: {e}")
     return notes
+
+
+def _in_tree(tree: Path, rel: str) -> Path | None:
+    """`tree / rel` if no symbolic link lies on the way (so that acting on it stays in `tree`), else None."""
+    try:
+        return safe_path(tree, rel)
+    except PatchError:
+        return None
 
 
 def _regular(path: Path) -> bool:
@@ -359,12 +442,13 @@ def _read_source(path: Path) -> str | None:
 
 
 def tamper_suspects(task: Task, tree: Path) -> list[str]:
-    """Changed or new .py files outside the test directories whose text gains a TAMPER_TOKENS word."""
-    roots = set(graded_roots(task))
+    """Changed or new .py files that grading does not restore (ProtectedFiles.covers) whose text gains a
+    TAMPER_TOKENS word."""
+    layout = protected_files(task)
     original = _source_files(task.repo)
     out = []
     for rel, path in sorted(_source_files(tree).items()):
-        if rel.split("/")[0] in roots:
+        if layout.covers(rel):
             continue
         text = _read_source(path)
         if text is None:
@@ -376,12 +460,12 @@ def tamper_suspects(task: Task, tree: Path) -> list[str]:
 
 
 def source_diff(task: Task, tree: Path) -> str:
-    """The diff of `tree`'s source files (outside the test directories) against the task's repo, in the
+    """The diff of `tree`'s source files (those grading does not restore) against the task's repo, in the
     format of the gold patch. Files are read up to MAX_SOURCE_BYTES."""
-    roots = set(graded_roots(task))
+    layout = protected_files(task)
     old, new = {}, {}
     for rel in changed_files(task.repo, tree, ignore=junit_path(task.test_cmd)):
-        if rel.split("/")[0] in roots:
+        if layout.covers(rel):
             continue
         for side, root in ((old, task.repo), (new, tree)):
             text = _read_source(root / rel) if _regular(root / rel) else None
@@ -436,22 +520,53 @@ def changed_files(original: Path, tree: Path, ignore: str | None = None) -> list
 # ----------------------------------------------------------------------------------------------- reports
 
 
-def read_outcomes(task: Task, tree: Path) -> dict[str, str]:
-    """Outcome of every graded test from the junit report in `tree` ('missing' if absent)."""
-    tests = {t: "missing" for t in task.tests}
-    report = junit_path(task.test_cmd)
-    inside = _inside(report) if report else None
-    if inside is None:
-        return tests
-    path = tree / inside
-    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_REPORT_BYTES:
-        return tests
+def read_report(path: Path) -> bytes | None:
+    """The bytes of a report file the test run wrote, or None if it is not a regular file (a link, a pipe:
+    the run is hostile), is missing or is larger than MAX_REPORT_BYTES."""
     try:
-        root = ET.fromstring(path.read_bytes())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_REPORT_BYTES:
+            return None
+        return f.read(MAX_REPORT_BYTES + 1)
+
+
+def read_outcomes(task: Task, tree: Path, report: bytes | None = None, output: str = "") -> dict[str, str]:
+    """Outcome of every graded test ('missing' if absent), from the first source that can be read: the
+    junit report test_cmd names (inside `tree`), `report` (the grader's junit report), the `-rA` short
+    summary in `output`."""
+    own = junit_path(task.test_cmd)
+    inside = _inside(own) if own else None
+    path = _in_tree(tree, inside) if inside else None
+    for data in (read_report(path) if path else None, report):
+        if data is not None and len(data) <= MAX_REPORT_BYTES:
+            outcomes = parse_junit(data, task.tests)
+            if outcomes is not None:
+                return outcomes
+    return parse_summary(output, task.tests)
+
+
+_RANK = {o: i for i, o in enumerate(("missing", "passed", "skipped", "failed", "error"))}
+
+
+def _worse(tests: dict[str, str], node: str, outcome: str) -> None:
+    """Records `outcome` for `node` unless a worse one is known: a test reported twice (its call passed, its
+    teardown errored) counts as its worse report."""
+    if _RANK[outcome] > _RANK[tests[node]]:
+        tests[node] = outcome
+
+
+def parse_junit(data: bytes, nodes: list[str]) -> dict[str, str] | None:
+    """Outcomes of `nodes` from a junit XML report; None if it is not XML."""
+    try:
+        root = ET.fromstring(data)
     except ET.ParseError:
-        return tests
-    keys = {_junit_key(t): t for t in task.tests}
-    rank = {o: i for i, o in enumerate(("passed", "skipped", "failed", "error"))}
+        return None
+    tests = {t: "missing" for t in nodes}
+    keys = {_junit_key(t): t for t in nodes}
     for case in root.iter("testcase"):
         node = keys.get((case.get("classname", ""), case.get("name", "")))
         if node is None:
@@ -461,14 +576,55 @@ def read_outcomes(task: Task, tree: Path) -> dict[str, str]:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
                 break
-        if tests[node] == "missing" or rank[outcome] > rank[tests[node]]:
-            tests[node] = outcome
+        _worse(tests, node, outcome)
+    return tests
+
+
+# pytest's short test summary words (-rA) and the outcome each stands for; an xfail counts as skipped and an
+# xpass as passed, as in the junit report.
+SUMMARY_WORDS = {
+    "PASSED": "passed",
+    "FAILED": "failed",
+    "ERROR": "error",
+    "SKIPPED": "skipped",
+    "XFAIL": "skipped",
+    "XPASS": "passed",
+}
+_SUMMARY_HEADER = re.compile(r"^=+ short test summary info =+$", re.MULTILINE)
+
+
+def parse_summary(output: str, nodes: list[str]) -> dict[str, str]:
+    """Outcomes of `nodes` from pytest's `-rA` short test summary in `output`: lines `PASSED node`,
+    `FAILED node - message`, `ERROR node`. Only lines after the last summary header count (what the tests
+    print before it cannot pose as a result)."""
+    tests = {t: "missing" for t in nodes}
+    headers = list(_SUMMARY_HEADER.finditer(output))
+    if not headers:
+        return tests
+    for line in output[headers[-1].end() :].splitlines():
+        word, _, rest = line.partition(" ")
+        outcome = SUMMARY_WORDS.get(word)
+        if outcome is None:
+            continue
+        # The node id ends the line or is followed by " - message"; a parametrized id may itself hold " - ".
+        if rest in tests:
+            _worse(tests, rest, outcome)
+            continue
+        for i in reversed([m.start() for m in re.finditer(" - ", rest)]):
+            if rest[:i] in tests:
+                _worse(tests, rest[:i], outcome)
+                break
     return tests
 
 
 def _junit_key(node_id: str) -> tuple[str, str]:
-    """(classname, name) that pytest's junit report gives node `node_id`."""
-    path, *parts = node_id.split("::")
-    module = path[:-3] if path.endswith(".py") else path
-    classname = ".".join([module.replace("/", "."), *parts[:-1]])
-    return classname, parts[-1] if parts else ""
+    """(classname, name) that pytest's junit report gives node `node_id`: the path as a dotted module
+    (`pkg/tests/test_x.py` -> `pkg.tests.test_x`), then the classes, '.'-joined; the name is the last part,
+    with its parameters (split off first, as pytest does, since they may hold '::', '/' or '.py')."""
+    address, bracket, params = node_id.partition("[")
+    path, *parts = address.split("::")
+    module = path.replace("/", ".")
+    module = module[:-3] if module.endswith(".py") else module
+    names = [module, *parts]
+    names[-1] += bracket + params
+    return ".".join(names[:-1]), names[-1]

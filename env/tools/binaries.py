@@ -47,8 +47,11 @@ def run_binary(argv: list[str], cwd: str, *, timeout: float, max_bytes: int) -> 
     """Runs `argv` in `cwd`, reading stdout as it comes and at most a little past `max_bytes` of it.
 
     The process is killed when its stdout passes `max_bytes` or after `timeout` seconds. stderr is kept to
-    its first 64 KiB. Nothing is buffered without bound.
+    its first 64 KiB. Nothing is buffered without bound. An argument holding a NUL byte (which no process
+    can receive) is a ToolError; callers check their arguments first to name the one at fault.
     """
+    if any("\x00" in a for a in argv):
+        raise ToolError("Error: an argument contains a NUL character")
     proc = subprocess.Popen(
         argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
     )

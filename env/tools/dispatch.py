@@ -3,12 +3,15 @@
 Nothing here raises to the caller: a CallError from the parser, an unknown tool (or one the context does
 not offer), arguments that do not fit the schema, a ToolError inside a tool and any unexpected exception all
 come back as a ToolResult with the error flag (the last one is also logged with its traceback, since it is
-a bug of ours, not the model's).
+a bug of ours, not the model's). A result's text is valid Unicode: lone surrogates (file names that are
+not UTF-8, arguments echoed back) are shown as U+FFFD.
 """
 
 import concurrent.futures
+import dataclasses
 import importlib
 import logging
+import re
 from collections.abc import Callable
 
 from env.chat import CallError, ToolCall, parse_call
@@ -17,6 +20,7 @@ from env.tools.context import ToolContext, ToolError, ToolResult
 from env.tools.schemas import TOOL_NAMES, validate_arguments
 
 log = logging.getLogger(__name__)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _codebase_search(ctx: ToolContext, args: dict) -> ToolResult:
@@ -43,6 +47,15 @@ assert tuple(TOOLS) == TOOL_NAMES, "the registry and the schemas list the same t
 
 def execute(ctx: ToolContext, call: ToolCall | CallError) -> ToolResult:
     """Runs one parsed call. Never raises."""
+    result = _execute(ctx, call)
+    if _SURROGATE.search(result.text):
+        # A file name that is not UTF-8 (os.scandir gives it as lone surrogates) or an argument echoed back:
+        # the conversation holds only valid text.
+        result = dataclasses.replace(result, text=_SURROGATE.sub("\ufffd", result.text))
+    return result
+
+
+def _execute(ctx: ToolContext, call: ToolCall | CallError) -> ToolResult:
     try:
         if isinstance(call, CallError):
             return ToolResult(f"Error: malformed tool call: {call.message}", is_error=True)

@@ -67,6 +67,8 @@ def _existing_file(ctx: ToolContext, raw: str) -> WorkspacePath:
         raise ToolError("Error: File not found")
     if wp.real.is_dir():
         raise ToolError(f"Error: {wp.rel} is a directory, not a file")
+    if not wp.real.is_file():  # a pipe or socket: reading it would block or fail
+        raise ToolError(f"Error: {wp.rel} is not a regular file")
     return wp
 
 
@@ -153,7 +155,7 @@ def _write_checked(ctx: ToolContext, wp: WorkspacePath, data: bytes) -> None:
         write_atomic(wp.real, data)
     except PermissionError:
         raise ToolError(f"Error: Permission denied: {wp.rel}") from None
-    except NotADirectoryError:
+    except (NotADirectoryError, FileExistsError):  # FileExistsError: mkdir where a file is
         raise ToolError(f"Error: a parent of {wp.rel} is not a directory") from None
     ctx.record_edit(wp.real_rel)
 

@@ -3,7 +3,8 @@
 Runs `ruff check --output-format=json --isolated --select E4,E7,E9,F` (ruff's classic default rule set:
 pyflakes plus the syntax-level pycodestyle errors). `--isolated` ignores any ruff configuration in the
 workspace, so the diagnostics a policy sees depend only on the code. Only `.py` and `.pyi` files are linted
-(ruff would parse any file named explicitly as Python).
+(ruff would parse any file named explicitly as Python); a named pipe called `*.py` is skipped (ruff would
+block on it).
 
 Severity: ERROR for what fails at import or run time (syntax errors, E9, F7 misplaced statements, F82
 undefined names); WARNING for the rest (unused imports and variables, style). `(source)` is `ruff` followed by
@@ -15,6 +16,7 @@ files in path order, diagnostics by line and column. The counts in the header li
 import json
 import os
 import re
+import stat
 
 from env.tools.binaries import find_binary, run_binary
 from env.tools.context import ToolContext, ToolError, ToolResult
@@ -35,14 +37,44 @@ def severity(code: str | None) -> str:
     return "WARNING"
 
 
+def _without_special_files(root: str, targets: list[str]) -> list[str]:
+    """`targets` (workspace-relative), where a directory holding a `.py` that is not a regular file (a named
+    pipe, on which ruff would block until its timeout) is replaced by the regular Python files under it
+    (hidden directories and __pycache__ left out, as ruff leaves them)."""
+    out = []
+    for rel in targets:
+        top = os.path.join(root, rel)
+        if not os.path.isdir(top):
+            out.append(rel)
+            continue
+        regular, special = [], False
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
+            for name in sorted(filenames):
+                if not name.endswith(_PYTHON_SUFFIXES):
+                    continue
+                full = os.path.join(dirpath, name)
+                try:
+                    mode = os.lstat(full).st_mode
+                except OSError:  # gone since the walk listed it
+                    continue
+                if stat.S_ISREG(mode):
+                    regular.append(os.path.relpath(full, root).replace(os.sep, "/"))
+                elif not stat.S_ISLNK(mode):
+                    special = True
+        out += regular if special else [rel]
+    return out
+
+
 def read_lints(ctx: ToolContext, args: dict) -> ToolResult:
     targets = []
     for raw in args.get("paths", ["."]):
         wp = resolve_path(ctx, raw)
         if not wp.real.exists():
             raise ToolError(f"Error: path not found: {wp.rel}")
-        if wp.real.is_dir() or wp.real.suffix in _PYTHON_SUFFIXES:
+        if wp.real.is_dir() or (wp.real.is_file() and wp.real.suffix in _PYTHON_SUFFIXES):
             targets.append(wp.real_rel)
+    targets = _without_special_files(ctx.real_workspace, targets)
     if not targets:
         return ToolResult("No linter errors found.")
     argv = [find_binary("ruff"), "check", "--output-format=json", "--isolated", "--no-cache", "--exit-zero"]

@@ -3,7 +3,8 @@
 The model sees the workspace at `ctx.display_root` (`/workspace`). A tool accepts a path relative to the
 workspace (`pkg/mod.py`, `./pkg/../pkg/mod.py`) or absolute under the display root (`/workspace/pkg/mod.py`).
 Refused, as an error result: `..` that climbs out, an absolute path anywhere else, a path whose symbolic
-links resolve outside the workspace, an empty path.
+links resolve outside the workspace, an empty path, a NUL character, a path too long for the file system,
+a loop of symbolic links.
 
 How paths appear in results (every tool follows this):
 - a file is named by its workspace-relative path, normalised (`pkg/mod.py`), whatever form the model used;
@@ -18,6 +19,10 @@ import posixpath
 from pathlib import Path
 
 from env.tools.context import ToolContext, ToolError
+
+# Linux's NAME_MAX and (less room for the workspace's own path) PATH_MAX.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 3072
 
 
 class PathError(ToolError):
@@ -49,6 +54,20 @@ def display_path(ctx: ToolContext, rel: str) -> str:
     return ctx.display_root.rstrip("/") + "/" + rel
 
 
+def _check_length(raw: str, path: str) -> None:
+    """Refuses a path the file system would refuse as too long (ENAMETOOLONG), before any call makes it."""
+    try:
+        encoded = os.fsencode(path)
+    except UnicodeEncodeError:
+        raise PathError(f"Error: invalid path {raw!r} (not valid Unicode text)") from None
+    if len(encoded) > MAX_PATH_BYTES or any(len(part) > MAX_NAME_BYTES for part in encoded.split(b"/")):
+        shown = raw if len(raw) <= 80 else raw[:80] + "..."
+        raise PathError(
+            f"Error: path {shown!r} is too long (at most {MAX_NAME_BYTES} bytes a name, "
+            f"{MAX_PATH_BYTES} in all)"
+        )
+
+
 def resolve_path(ctx: ToolContext, raw: str) -> WorkspacePath:
     """Resolves a model-given path; raises PathError when it is empty or escapes the workspace."""
     path = raw.strip()
@@ -56,6 +75,7 @@ def resolve_path(ctx: ToolContext, raw: str) -> WorkspacePath:
         raise PathError("Error: empty path")
     if "\x00" in path:
         raise PathError(f"Error: invalid path {raw!r} (contains a NUL character)")
+    _check_length(raw, path)
     root = ctx.display_root
     if path.startswith("/"):
         path = posixpath.normpath("/" + path.lstrip("/"))
@@ -71,6 +91,8 @@ def resolve_path(ctx: ToolContext, raw: str) -> WorkspacePath:
         raise PathError(f"Error: path '{raw}' is outside the workspace ({root})")
     host = Path(ctx.workspace) if rel == "." else Path(ctx.workspace, rel)
     real = os.path.realpath(host)
+    if os.path.islink(real):  # realpath stops at a link only when the links loop
+        raise PathError(f"Error: path '{raw}' is a loop of symbolic links")
     ws = ctx.real_workspace
     if real != ws and not real.startswith(ws.rstrip(os.sep) + os.sep):
         raise PathError(

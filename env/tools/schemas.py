@@ -2,8 +2,8 @@
 
 Names and argument schemas follow docs/tools.md. The descriptions are ours. Validation is strict: a
 missing required argument, an argument of the wrong JSON type (an integer is not a boolean, "10" is not an
-integer), a value outside its enum or range, and an argument the tool does not have are each an error
-result naming the argument.
+integer), a string that is not valid Unicode text (a lone surrogate), a value outside its enum or range,
+and an argument the tool does not have are each an error result naming the argument.
 """
 
 import copy
@@ -266,11 +266,23 @@ def json_type(value: Any) -> str:
 _ARTICLE = {"integer": "an integer", "array": "an array", "object": "an object"}
 
 
+def _is_text(value: str) -> bool:
+    """Whether `value` is valid Unicode text: JSON's `\\ud800`-style escapes can give lone surrogates, which
+    no file, process or encoder takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check(value: Any, schema: dict, where: str) -> str | None:
     """The first violation of `schema` by `value`, as a sentence about `where`, or None."""
     want = schema["type"]
     if json_type(value) != want:
         return f"{where} must be {_ARTICLE.get(want, 'a ' + want)}, got {json_type(value)}"
+    if want == "string" and not _is_text(value):
+        return f"{where} is not valid Unicode text (it holds a lone surrogate)"
     if "enum" in schema and value not in schema["enum"]:
         return f"{where} must be one of {', '.join(schema['enum'])}; got {value!r}"
     if "minimum" in schema and value < schema["minimum"]:

@@ -66,10 +66,20 @@ def _cut(lines: list[str], head_limit: int | None) -> int:
     return n
 
 
+def _no_nul(args: dict, names: tuple[str, ...]) -> None:
+    """ripgrep takes its arguments as C strings: a NUL byte in one cannot be passed, so it is an error."""
+    for name in names:
+        if "\x00" in args.get(name, ""):
+            raise ToolError(f"Error: argument '{name}' must not contain a NUL character")
+
+
 def grep(ctx: ToolContext, args: dict) -> ToolResult:
+    _no_nul(args, ("pattern", "glob", "type"))
     wp = resolve_path(ctx, args.get("path", "."))
     if not wp.real.exists():
         raise ToolError(f"Error: path not found: {wp.rel}")
+    if not (wp.real.is_dir() or wp.real.is_file()):  # a pipe would block ripgrep until its timeout
+        raise ToolError(f"Error: {wp.rel} is not a regular file or directory")
     mode = args.get("output_mode", "content")
     argv = [find_binary("rg"), "--no-config", "--color=never", "--sort=path", "--no-messages"]
     if args.get("-i", False):
@@ -145,6 +155,7 @@ def _directory(ctx: ToolContext, raw: str):
 
 
 def glob_file_search(ctx: ToolContext, args: dict) -> ToolResult:
+    _no_nul(args, ("glob_pattern",))
     wp = _directory(ctx, args.get("target_directory", "."))
     pattern = args["glob_pattern"]
     if not pattern.startswith("**/"):

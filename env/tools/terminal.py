@@ -4,7 +4,8 @@ The sandbox (`ctx.sandbox`, an env.sandbox.Sandbox or anything with the same `.s
 `.start_background`) keeps the shell's working directory between calls; the parallel calls of one turn
 run concurrently, each starting in the shell's current directory. A command's exit status does not set the
 error flag (a failing test run is a normal result); a timed-out command does not either: its partial
-output is the result. The error flag marks calls that ran nothing: no sandbox, a command with a newline.
+output is the result. The error flag marks calls that ran nothing: no sandbox, a command with a newline
+or a NUL character.
 
 Output is capped at 20000 characters: the first and last 10000 are kept around a
 `... {n} characters truncated ...` line (a test run's summary is at the end, its first failure near the
@@ -63,6 +64,8 @@ def run_terminal_cmd(ctx: ToolContext, args: dict) -> ToolResult:
         raise ToolError("Error: the command must be a single line (no newlines); join commands with && or ;")
     if not command.strip():
         raise ToolError("Error: the command is empty")
+    if "\x00" in command:
+        raise ToolError("Error: the command must not contain a NUL character")
     if ctx.sandbox is None:
         raise ToolError("Error: no sandbox is available in this environment, so terminal commands cannot run")
     if args["is_background"]:
