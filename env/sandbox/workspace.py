@@ -112,6 +112,7 @@ def make_workspace(repo: Path, parent: Path | None = None, *, size_mb: int | Non
         if can_mount():
             mount_tmpfs(path, size_mb or Limits().workspace_mb)
         shutil.copytree(repo, path, symlinks=True, dirs_exist_ok=True)
+        os.chmod(path, 0o755)  # copytree gives the root the repository's mode (0700 from mkdtemp)
     except OSError as e:
         remove_workspace(path)
         raise ValueError(f"cannot copy {repo} into a workspace: {e}") from e
@@ -138,8 +139,29 @@ def ensure_traversable(path: Path) -> Path:
 
 def reachable_by_others(path: Path) -> bool:
     """Whether an unrelated uid can traverse every ancestor of `path` (o+x on each)."""
-    p = Path(os.path.realpath(path))
-    return all(os.stat(a).st_mode & 0o001 for a in [p, *p.parents])
+    return untraversable(Path(os.path.realpath(path))) is None
+
+
+def untraversable(path: Path) -> Path | None:
+    """The first directory on the way to `path` (from / down, `path` included) that other users may not
+    search (no o+x), else None."""
+    path = Path(path)
+    for a in [*reversed(path.parents), path]:
+        if not os.stat(a).st_mode & 0o001:
+            return a
+    return None
+
+
+def unreachable_message(path: Path, what: str) -> str:
+    """Why the slot uids cannot reach `path` (a directory without o+x on the way), and what to change."""
+    real = Path(os.path.realpath(path))
+    blocked = untraversable(real) or real
+    mode = os.stat(blocked).st_mode & 0o7777
+    where = "" if str(real) == str(path) else f" (really {real})"
+    return (
+        f"the sandbox's uid cannot reach {what} {path}{where}: {blocked} has mode {mode:04o}, so other "
+        f"users may not enter it: run `chmod o+x {blocked}`"
+    )
 
 
 # POSIX ACL xattr layout (linux/posix_acl_xattr.h): a u32 version, then (u16 tag, u16 perm, u32 id) entries
