@@ -4,7 +4,9 @@
 
 prints one JSON object {"exit_code", "output", "timed_out", "isolation", "cwd", "truncated"}. A single CMD
 word runs as a bash command line (`-- 'pytest -q | tail -3'`), several run as an argv. The workspace is
-used in place and handed to the sandbox's uid; `--copy` runs on a private copy instead.
+used in place and handed to the sandbox's uid; `--copy` runs on a private copy instead; `--python-env VENV`
+runs it with that venv's interpreter. Where the isolation asked for does not work, it prints why and how to
+fix it, and exits with status 2.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import json
 import sys
 from pathlib import Path
 
-from env.sandbox import Limits, Sandbox, make_workspace, remove_workspace
+from env.sandbox import (
+    IsolationUnavailable,
+    Limits,
+    Sandbox,
+    make_workspace,
+    remove_workspace,
+    resolve_isolation,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,16 +35,24 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=Limits().timeout_s, help="seconds of wall clock")
     run.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"])
     run.add_argument("--copy", action="store_true", help="run on a private copy of the workspace")
+    run.add_argument("--python-env", type=Path, help="a venv whose interpreter the command runs with")
     run.add_argument("command", nargs="+", help="after --: one bash command line, or an argv")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        resolve_isolation(args.isolation)
+    except IsolationUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     workspace = make_workspace(args.workspace) if args.copy else args.workspace
     try:
         limits = dataclasses.replace(Limits(), timeout_s=args.timeout)
-        with Sandbox(workspace, limits=limits, isolation=args.isolation) as sandbox:
+        with Sandbox(
+            workspace, limits=limits, isolation=args.isolation, python_env=args.python_env
+        ) as sandbox:
             command = args.command[0] if len(args.command) == 1 else args.command
             result = sandbox.run(command)
     finally:

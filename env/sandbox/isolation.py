@@ -5,41 +5,50 @@ as the slot's unprivileged uid (as root) and with no_new_privs, and enters one o
 
 - bwrap: new user, pid, net, ipc, uts (and cgroup) namespaces, no further user namespaces, all capabilities
   dropped, a new session, a cleared environment, read-only binds of only /usr, the /bin /lib /lib64 /sbin
-  links, the Python installation and a few harmless /etc files, synthetic /etc/passwd and /etc/group, fresh
-  /proc and /dev, the workspace read-write at SANDBOX_ROOT, the slot's size-capped /tmp, and / remounted
-  read-only. The pid namespace ends the whole tree when its first process dies, setsid'd children included.
-- unshare: new user, pid, net, ipc, uts and mount namespaces and a fresh /proc; the host filesystem is
-  visible with the host's permissions (the slot uid owns only the workspace and the slot's /tmp, which
-  TMPDIR and HOME point to).
-- none: a plain process group (its own session) with the rlimits, cgroups and uid; no namespaces at all.
+  links, the Python installations (pythons.py) and a few harmless /etc files, synthetic /etc/passwd and
+  /etc/group, fresh /proc and /dev, the workspace read-write at SANDBOX_ROOT, the slot's size-capped /tmp,
+  and / remounted read-only. The pid namespace ends the whole tree when its first process dies, setsid'd
+  children included.
+- unshare: new user, pid, net, ipc, uts and mount namespaces and a fresh /proc; in its mount namespace the
+  workspace at SANDBOX_ROOT, the slot's /tmp at /tmp, a fresh /dev/shm and the Python installations
+  read-only at their own paths, so commands and tool results see the same paths as under bwrap. The rest
+  of the host filesystem is visible with the host's permissions, and the command may make further
+  namespaces. The workspace stays at its host path if SANDBOX_ROOT is missing and cannot be made (not
+  root).
+- none: a plain process group (its own session) with the rlimits, cgroups and uid; no namespaces, so
+  commands see the workspace and the slot's /tmp at their host paths (the host-side tools still name files
+  by /workspace paths).
 
-The level is probed once per process (detect_isolation) with the real command line, logged once, and each
-fallback warns once.
+Choosing a level fails closed: 'auto' means bwrap, and where bwrap does not work `resolve_isolation` raises
+IsolationUnavailable (how to install it, how to force a weaker level) instead of falling back. A forced
+weaker level warns once. Each level is probed once per process with the real command line (`probe`).
 """
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
+import contextlib
 import functools
 import logging
 import os
+import shlex
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
+from env.sandbox import pythons
 from env.sandbox.limits import MB
 from env.sandbox.process import run_capped
-from env.sandbox.slots import UID_BASE, ensure_dir, is_root, state_root
+from env.sandbox.pythons import needs_route, under
+from env.sandbox.slots import UID_BASE, ensure_dir, is_root
 from env.sandbox.spawner import Launched, Spawner
-from env.sandbox.workspace import mount_info, reachable_by_others
+from env.sandbox.workspace import untraversable
 
 log = logging.getLogger("env.sandbox")
 
 SANDBOX_ROOT = "/workspace"
 LEVELS = ("bwrap", "unshare", "none")
 LAUNCH_PATH = "/usr/bin:/bin"
+TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Host files that programs read and that hold no secrets, copied into each slot's synthetic /etc; nothing
 # else of the host's /etc enters the sandbox. /etc/alternatives (Debian's command links) is bound as is.
@@ -55,8 +64,6 @@ ETC_COPIES = (
 ETC_BINDS = ("/etc/alternatives",)
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 
-_MS_BIND, _MS_REMOUNT, _MS_RDONLY = 4096, 32, 1
-_libc = ctypes.CDLL(None, use_errno=True)
 _warned: set[str] = set()
 
 
@@ -65,46 +72,6 @@ def warn_once(key: str, message: str, level: int = logging.WARNING) -> None:
     if key not in _warned:
         _warned.add(key)
         log.log(level, message)
-
-
-def python_prefixes() -> list[str]:
-    """The Python installation(s) the sandbox needs: the interpreter's prefix and, for a venv, its base."""
-    return list(dict.fromkeys([sys.base_prefix, sys.prefix]))
-
-
-def _host_bind(prefix: str) -> str:
-    """A read-only bind of `prefix` at a path every slot uid can traverse, created once per host.
-
-    bwrap resolves a bind's source as the unprivileged slot uid, so a Python under /root (mode 700) is not
-    reachable directly. The bind lives under the sandbox state directory; it exposes nothing that was not
-    already world-readable, only the route to it.
-    """
-    target = state_root() / "prefix" / prefix.strip("/").replace("/", "_")
-    if mount_info(target) is not None:
-        return str(target)
-    ensure_dir(target.parent)
-    with open(state_root() / "prefix.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if mount_info(target) is None:
-            target.mkdir(exist_ok=True)
-            source, dest = os.path.realpath(prefix).encode(), str(target).encode()
-            for flags in (_MS_BIND, _MS_BIND | _MS_REMOUNT | _MS_RDONLY):
-                if _libc.mount(source, dest, None, flags, None) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"bind {prefix} at {target}: {os.strerror(err)}")
-    return str(target)
-
-
-@functools.cache
-def python_binds() -> tuple[tuple[str, str], ...]:
-    """(host source, path inside) for each Python prefix; inside, it keeps its own path for the shebangs."""
-    binds = []
-    for prefix in python_prefixes():
-        source = os.path.realpath(prefix)
-        if is_root() and not reachable_by_others(source):
-            source = _host_bind(prefix)
-        binds.append((source, prefix))
-    return tuple(binds)
 
 
 def write_etc(directory: Path, uid: int, gid: int) -> str:
@@ -139,27 +106,32 @@ def write_etc(directory: Path, uid: int, gid: int) -> str:
     return str(directory)
 
 
-def host_python_prefixes() -> list[str]:
-    """Where a command that sees the host's filesystem (levels 'unshare' and 'none') finds Python: each
-    prefix itself where the slot uid can reach it, else its read-only bind under the state directory (a
-    Python under /root, mode 700, is not reachable as the slot uid)."""
-    return [source for source, _ in python_binds()]
+def tool(name: str) -> str:
+    """The absolute path of a host program the sandbox starts commands with, looked up on TOOL_PATH only: a
+    command's PATH starts with Python bin directories, whose files must not stand in for the launcher."""
+    found = shutil.which(name, path=TOOL_PATH)
+    if found is None:
+        raise FileNotFoundError(f"{name} is not installed (not found in {TOOL_PATH})")
+    return found
 
 
 def sandbox_env(
-    home: str, tmp: str, extra: dict[str, str] | None = None, *, prefixes: list[str] | None = None
+    home: str,
+    tmp: str,
+    extra: dict[str, str] | None = None,
+    *,
+    bins: tuple[str, ...] | list[str],
+    venv: str | None = None,
+    libs: tuple[str, ...] | list[str] = (),
 ) -> dict[str, str]:
     """The whole environment of a sandboxed command: nothing is inherited from the host.
 
-    prefixes: the Python installations as the command sees them (default: at their own paths, where bwrap
-    binds them). One seen elsewhere also gets its lib/ on LD_LIBRARY_PATH: an interpreter built with a
-    shared libpython finds it through a RUNPATH that names the original path.
+    bins: the Python bin directories, first on PATH; venv: the venv as the command sees it (VIRTUAL_ENV).
+    libs: LD_LIBRARY_PATH, for an interpreter seen away from its own path (a shared libpython is found
+    through a RUNPATH that names the original path).
     """
-    own = python_prefixes()
-    prefixes = own if prefixes is None else prefixes
-    path = [f"{p}/bin" for p in reversed(prefixes)] + ["/usr/local/bin", "/usr/bin", "/bin"]
     env = {
-        "PATH": ":".join(path),
+        "PATH": ":".join([*bins, "/usr/local/bin", "/usr/bin", "/bin"]),
         "HOME": home,
         "TMPDIR": tmp,
         "LANG": "C.UTF-8",
@@ -172,9 +144,10 @@ def sandbox_env(
         "PAGER": "cat",
         "GIT_PAGER": "cat",
     }
-    moved = [f"{p}/lib" for p in prefixes if p not in own]
-    if moved:
-        env["LD_LIBRARY_PATH"] = ":".join(moved)
+    if venv:
+        env["VIRTUAL_ENV"] = venv
+    if libs:
+        env["LD_LIBRARY_PATH"] = ":".join(libs)
     env.update(extra or {})
     return env
 
@@ -187,10 +160,13 @@ def bwrap_argv(
     etc: str | None,
     env: dict[str, str],
     cwd: str,
+    binds: tuple[tuple[str, str], ...],
     info_fd: int | None = None,
 ) -> list[str]:
+    """binds: (host source, path inside) of the Python installations, read-only; those under /tmp are
+    bound after the slot's /tmp, which would hide them."""
     argv = [
-        "bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+        tool("bwrap"), "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup-try", "--disable-userns", "--hostname", "sandbox", "--cap-drop", "ALL",
         "--die-with-parent", "--new-session", "--clearenv",
     ]  # fmt: skip
@@ -206,66 +182,181 @@ def bwrap_argv(
         argv += ["--ro-bind", etc, "/etc"]
     for name in ETC_BINDS:
         argv += ["--ro-bind-try", name, name]
-    for source, inside in python_binds():
-        argv += ["--ro-bind", source, inside]
+    in_tmp = [b for b in binds if under(b[1], "/tmp")]
+    for source, inside in binds:
+        if (source, inside) not in in_tmp:
+            argv += ["--ro-bind", source, inside]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(16 * MB), "--tmpfs", "/dev/shm"]
     argv += ["--bind", workspace, SANDBOX_ROOT]
     argv += ["--bind", tmp, "/tmp"] if tmp else ["--size", str(tmp_mb * MB), "--tmpfs", "/tmp"]
+    for source, inside in in_tmp:
+        argv += ["--ro-bind", source, inside]
     if info_fd is not None:
         argv += ["--info-fd", str(info_fd)]
     return argv + ["--chdir", cwd, "--remount-ro", "/", "--"]
 
 
-def unshare_argv() -> list[str]:
-    """New user (mapping only the current uid), net, pid, mount, ipc and uts namespaces; a fresh /proc."""
+# The unshare level's setup, run by sh as root of the new user namespace (mapped to the slot uid, so with no
+# more rights on host files than the slot uid): it performs the mount operations that follow its first four
+# arguments (uid, gid, cwd, root) up to `--`, enters the directory, then drops to uid/gid in a nested user
+# namespace (which clears its capabilities at exec) and execs the command. Operations: `bind SRC DST`,
+# `robind SRC DST` (read-only, DST made first), `rbind SRC DST` (with the mounts below SRC), `tmpfs DST OPTS`.
+_UNSHARE_SETUP = r"""
+uid=$1 gid=$2 cwd=$3 root=$4; shift 4
+while [ "$1" != -- ]; do
+  case $1 in
+    bind) {mount} --bind "$2" "$3" || exit 125; shift 3 ;;
+    robind) {mkdir} -p -- "$3" && {mount} --bind -o ro "$2" "$3" || exit 125; shift 3 ;;
+    rbind) {mount} --rbind "$2" "$3" || exit 125; shift 3 ;;
+    tmpfs) {mount} -t tmpfs -o "$3" tmpfs "$2" || exit 125; shift 3 ;;
+    *) echo "sandbox setup: unknown operation $1" >&2; exit 125 ;;
+  esac
+done
+shift
+cd -- "$cwd" 2>/dev/null || cd -- "$root" || exit 125
+exec {unshare} --user --map-user="$uid" --map-group="$gid" -- "$@"
+"""
+
+
+@functools.cache
+def has_mount_point() -> bool:
+    """Whether SANDBOX_ROOT is a directory on the host that the unshare level can bind the workspace on
+    (inside its own mount namespace only). As root an empty one is made once; otherwise the workspace is
+    seen at its host path under 'unshare' (`sudo mkdir /workspace` fixes that)."""
+    if is_root() and not os.path.lexists(SANDBOX_ROOT):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(SANDBOX_ROOT, 0o755)
+    return os.path.isdir(SANDBOX_ROOT) and not os.path.islink(SANDBOX_ROOT)
+
+
+def unshare_setup(
+    *, workspace: str | None, tmp: str, binds: tuple[tuple[str, str], ...], shm_mb: int = 16
+) -> list[str]:
+    """The mount operations of the unshare helper: the workspace at SANDBOX_ROOT (None: seen at its host
+    path), the slot's `tmp` at /tmp, a fresh /dev/shm, and each Python installation read-only at its own
+    path. One the slot uid cannot reach (under /root) is bound from its route on a tmpfs laid over the
+    first directory that blocks it (in this mount namespace only; it hides that directory's contents)."""
+    ops, covers, late = [], [], []
+    if workspace is not None:
+        ops += ["bind", workspace, SANDBOX_ROOT]
+    for source, inside in binds:
+        if under(inside, "/tmp"):
+            ops += ["robind", source, tmp + inside[len("/tmp") :]]  # before /tmp hides its source
+            continue
+        blocked = untraversable(Path(inside)) if needs_route(inside) else None
+        if blocked is not None and str(blocked) not in covers:
+            covers.append(str(blocked))
+        late += ["robind", source, inside]
+    ops += ["rbind", tmp, "/tmp", "tmpfs", "/dev/shm", f"mode=1777,size={shm_mb}m"]
+    for cover in covers:
+        ops += ["tmpfs", cover, "mode=755,size=1m"]
+    return ops + late
+
+
+def unshare_argv(setup: list[str], *, uid: int, gid: int, cwd: str, root: str) -> list[str]:
+    """New user, net, pid, mount, ipc and uts namespaces and a fresh /proc, then `setup` (see
+    unshare_setup) and the drop to uid/gid; the command follows."""
+    script = _UNSHARE_SETUP.format(
+        **{name: shlex.quote(tool(name)) for name in ("mount", "mkdir", "unshare")}
+    )
     return [
-        "unshare", "--map-current-user", "--net", "--pid", "--fork", "--kill-child", "--mount-proc",
-        "--ipc", "--uts", "--",
+        tool("unshare"), "--map-root-user", "--mount", "--propagation", "private", "--net", "--pid",
+        "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts", "--",
+        tool("sh"), "-c", script, "sandbox-setup", str(uid), str(gid), cwd, root, *setup, "--",
     ]  # fmt: skip
 
 
-def _probe(level: str, spawner: Spawner) -> str | None:
-    """Run a check at `level` with the real command line; returns None on success, else the reason."""
+# -- choosing the level ---------------------------------------------------------------------------------
+
+
+class IsolationUnavailable(RuntimeError):
+    """The isolation level asked for does not work on this machine; the message says how to fix that."""
+
+
+def _probe_argv(level: str, workspace: str, tmp: str, env: dict[str, str], uid: int, gid: int) -> list[str]:
+    binds = pythons.binds(pythons.pythons().paths)
+    if level == "bwrap":
+        return bwrap_argv(
+            workspace=workspace, tmp=None, tmp_mb=1, etc=None, env=env, cwd=SANDBOX_ROOT, binds=binds
+        )
+    root = SANDBOX_ROOT if has_mount_point() else workspace
+    setup = unshare_setup(workspace=workspace if has_mount_point() else None, tmp=tmp, binds=binds)
+    return unshare_argv(setup, uid=uid, gid=gid, cwd=root, root=root)
+
+
+@functools.cache
+def probe(level: str) -> str | None:
+    """Run a check at `level` ('bwrap' or 'unshare') with the real command line, as a uid no slot uses;
+    None when it works, else the reason."""
     with tempfile.TemporaryDirectory() as d:
+        workspace, tmp = Path(d, "workspace"), Path(d, "tmp")
+        workspace.mkdir()
+        tmp.mkdir()
         os.chmod(d, 0o755)
-        env = sandbox_env("/tmp", "/tmp")
-        if level == "bwrap":
-            inner = bwrap_argv(workspace=d, tmp=None, tmp_mb=1, etc=None, env=env, cwd=SANDBOX_ROOT)
-        else:
-            inner = unshare_argv()
-        argv = inner + ["sh", "-c", "test $(id -u) != 0"]  # never root inside
-        uid = UID_BASE - 1 if is_root() else None  # a uid no slot uses
+        os.chmod(workspace, 0o755)
+        os.chmod(tmp, 0o1777)
+        uid = UID_BASE - 1 if is_root() else os.getuid()
+        gid = UID_BASE - 1 if is_root() else os.getgid()
+        env = sandbox_env("/tmp", "/tmp", bins=pythons.pythons().bins)
+        spawner = Spawner([], {"PATH": LAUNCH_PATH})
         try:
+            argv = _probe_argv(level, str(workspace), str(tmp), env, uid, gid)
+            argv += [tool("sh"), "-c", "test $(id -u) != 0"]  # never root inside
             done = run_capped(
-                lambda out: spawner.spawn(argv, env=env, cwd=d, fds={1: out}, uid=uid, gid=uid, rlimits=[]),
+                lambda out: spawner.spawn(
+                    argv,
+                    env=env,
+                    cwd=d,
+                    fds={1: out},
+                    uid=uid if is_root() else None,
+                    gid=gid if is_root() else None,
+                    rlimits=[],
+                ),  # fmt: skip
                 timeout=10,
                 max_output_bytes=4096,
                 kill=Launched.kill,
             )
         except OSError as e:
             return str(e)
+        finally:
+            spawner.close()
     if done.exit_code == 0:
         return None
     return done.output.decode(errors="replace").strip() or f"exit code {done.exit_code}"
 
 
-@functools.cache
 def detect_isolation() -> str:
-    """The strongest level that works here: 'bwrap', 'unshare' or 'none' (probed once, logged once)."""
-    reasons = []
-    spawner = Spawner([], {"PATH": LAUNCH_PATH})
-    try:
-        for level in ("bwrap", "unshare"):
-            reason = _probe(level, spawner)
-            if reason is None:
-                break
-            reasons.append(f"{level}: {reason}")
-        else:
-            level = "none"
-    finally:
-        spawner.close()
+    """The strongest level that works here: 'bwrap', 'unshare' or 'none'. For reports and tests: a sandbox
+    never picks a weaker level by itself (see resolve_isolation)."""
+    for level in ("bwrap", "unshare"):
+        if probe(level) is None:
+            return level
+    return "none"
+
+
+def resolve_isolation(requested: str) -> str:
+    """The level a sandbox asked for `requested` runs at: 'auto' and 'bwrap' mean bubblewrap, and fail
+    with IsolationUnavailable (saying how to install it, or how to force a weaker level) where it does not
+    work; 'unshare' and 'none' are taken as forced, with a warning once per process. Call it at start-up to
+    stop before any work when the machine cannot sandbox."""
+    if requested not in ("auto", *LEVELS):
+        raise ValueError(f"isolation must be 'auto' or one of {LEVELS}, got {requested!r}")
+    level = "bwrap" if requested == "auto" else requested
+    reason = None if level == "none" else probe(level)
+    if reason is not None and level == "bwrap":
+        raise IsolationUnavailable(
+            f"sandbox isolation {requested!r} needs bubblewrap, which does not work here: {reason}. "
+            "Install it with: apt-get install -y bubblewrap. Or run model commands with less isolation "
+            "by forcing a level: --config.env.isolation=unshare (namespaces without bubblewrap) or "
+            "--config.env.isolation=none (no namespaces at all); the CLIs take --isolation=unshare|none."
+        )
+    if reason is not None:
+        raise IsolationUnavailable(
+            f"sandbox isolation 'unshare' does not work here: {reason}. Install bubblewrap "
+            "(apt-get install -y bubblewrap) and use isolation 'auto', or force 'none'."
+        )
     user = "a dedicated uid per slot" if is_root() else f"uid {os.getuid()}"
-    if reasons:
-        warn_once(level, f"sandbox isolation falls back to {level!r} ({'; '.join(reasons)})")
-    log.info("sandbox isolation: %s, commands run as %s", level, user)
+    if level != "bwrap":
+        warn_once(level, f"sandbox isolation forced to {level!r}, weaker than bubblewrap ('auto')")
+    warn_once(f"level-{level}", f"sandbox isolation: {level}, commands run as {user}", logging.INFO)
     return level

@@ -25,6 +25,7 @@ import weakref
 from pathlib import Path
 
 from env.sandbox import isolation as iso
+from env.sandbox import pythons
 from env.sandbox.limits import MB, Limits, SlotCgroups, rlimits
 from env.sandbox.process import run_capped
 from env.sandbox.slots import Slot, acquire_slot, is_root, kill_uid_processes
@@ -37,6 +38,7 @@ from env.sandbox.workspace import (
     resize_tmpfs,
     tree_bytes,
     unmount,
+    unreachable_message,
     workspace_cap_bytes,
 )
 
@@ -108,8 +110,10 @@ class _Resources:
 class Sandbox:
     """One episode's sandbox over `workspace` (a host directory, typically from make_workspace).
 
-    isolation: 'auto' (the strongest detected), or 'bwrap' / 'unshare' / 'none' to force a level.
+    isolation: 'auto' (bubblewrap; IsolationUnavailable where it does not work), or 'bwrap' / 'unshare' /
+    'none' to force a level (see isolation.resolve_isolation).
     slot: a fixed slot number (RuntimeError if in use), else the first free one.
+    python_env: a venv directory whose interpreter commands run (see pythons.py); None: the project's.
     Thread-safe: several commands may run at once (parallel tool calls); each is its own process tree.
     """
 
@@ -120,21 +124,28 @@ class Sandbox:
         limits: Limits = DEFAULT_LIMITS,
         isolation: str = "auto",
         slot: int | None = None,
+        python_env: Path | str | None = None,
     ):
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
             raise ValueError(f"workspace is not a directory: {workspace}")
-        if isolation == "auto":
-            isolation = iso.detect_isolation()
-        elif isolation not in iso.LEVELS:
-            raise ValueError(f"isolation must be 'auto' or one of {iso.LEVELS}, got {isolation!r}")
-        elif isolation != "bwrap":
-            iso.warn_once(isolation, f"sandbox isolation forced to {isolation!r}: weaker than bwrap")
+        isolation = iso.resolve_isolation(isolation)
         if is_root() and not reachable_by_others(self.workspace):
-            raise ValueError(f"the slot uids cannot traverse to {self.workspace}; put it under /tmp")
+            raise ValueError(
+                unreachable_message(Path(workspace), "the workspace") + ", or make the workspace with "
+                "make_workspace or as a directory of mode 0755 (tempfile.mkdtemp makes 0700)"
+            )
         self.isolation = isolation
         self.limits = limits
-        self.root = SANDBOX_ROOT if isolation == "bwrap" else str(self.workspace)
+        self.pythons = pythons.pythons(python_env)
+        self.python_env = self.pythons.venv
+        self._binds = pythons.binds(self.pythons.paths)  # (host source, path inside), read-only
+        self._env = self._python_env()
+        # Commands see the workspace at SANDBOX_ROOT in their own mount namespace ('none' has none).
+        mounted = isolation == "bwrap" or (isolation == "unshare" and iso.has_mount_point())
+        if isolation == "unshare" and not mounted:
+            iso.warn_once("mount-point", f"sandbox 'unshare': no {SANDBOX_ROOT} to bind the workspace on")
+        self.root = SANDBOX_ROOT if mounted else str(self.workspace)
         self.cwd = self.root
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -145,6 +156,37 @@ class Sandbox:
         except BaseException:
             self.close()
             raise
+
+    def _python_env(self) -> dict:
+        """The Python part of the commands' environment: the bins, venv and libs of iso.sandbox_env."""
+        found = self.pythons
+        if self.isolation != "none":
+            for path in found.paths:
+                if pythons.under(path, SANDBOX_ROOT):
+                    iso.warn_once(
+                        "python-under-root", f"sandbox: the workspace at {SANDBOX_ROOT} hides {path}"
+                    )
+            return {"bins": found.bins, "venv": found.venv}
+        # Without a mount namespace a command uses each installation where the slot uid reaches it: its
+        # route. A venv's bin/python links to its base by the base's own path, which must be reachable.
+        if found.venv is not None:
+            for base in pythons.venv_base_prefixes(Path(found.venv)):
+                if pythons.needs_route(base):
+                    message = unreachable_message(Path(base), "the venv's base interpreter")
+                    raise ValueError(f"{message}; or use isolation 'bwrap', which binds it")
+        own = pythons.python_prefixes()
+
+        def seen(path: str) -> str:
+            for source, inside in self._binds:
+                if pythons.under(path, inside):
+                    return source + path[len(inside) :]
+            return path
+
+        return {
+            "bins": [seen(b) for b in found.bins],
+            "venv": found.venv and seen(found.venv),
+            "libs": [f"{seen(p)}/lib" for p in own if seen(p) != p],
+        }
 
     def _open(self) -> None:
         slot, limits, res = self._res.slot, self.limits, self._res
@@ -157,7 +199,16 @@ class Sandbox:
             res.cgroups = SlotCgroups(slot.index, limits)
         else:
             iso.warn_once("unprivileged", "sandbox not started as root: no slot uid, cgroups or /tmp cap")
-        self.tmp = "/tmp" if self.isolation == "bwrap" else str(res.tmp)
+        self.tmp = str(res.tmp) if self.isolation == "none" else "/tmp"
+        self._setup = (
+            iso.unshare_setup(
+                workspace=str(self.workspace) if self.root == SANDBOX_ROOT else None,
+                tmp=str(res.tmp),
+                binds=self._binds,
+            )
+            if self.isolation == "unshare"
+            else []
+        )
         self._etc = iso.write_etc(slot.dir / "etc", slot.uid, slot.gid)
         cap = workspace_cap_bytes(self.workspace)
         if cap is not None and cap != limits.workspace_mb * MB and is_root():
@@ -209,21 +260,22 @@ class Sandbox:
         """Start one command (the whole launcher: bwrap or unshare or nothing, then `command`)."""
         if not self._finalizer.alive:
             raise RuntimeError("the sandbox is closed")
+        slot = self._res.slot
+        inside_env = iso.sandbox_env(home=self.tmp, tmp=self.tmp, extra=env, **self._env)
+        host_cwd = "/"
         if self.isolation == "bwrap":
-            inside_env = iso.sandbox_env(home="/tmp", tmp="/tmp", extra=env)
             argv = iso.bwrap_argv(
                 workspace=str(self.workspace), tmp=str(self._res.tmp), tmp_mb=self.limits.tmp_mb,
-                etc=self._etc, env=inside_env, cwd=cwd, info_fd=INFO_FD if INFO_FD in fds else None,
+                etc=self._etc, env=inside_env, cwd=cwd, binds=self._binds,
+                info_fd=INFO_FD if INFO_FD in fds else None,
             ) + command  # fmt: skip
             # bwrap clears the environment inside; its own (seen at /proc/1/environ) is the same minimal one.
-            host_cwd = "/"
+        elif self.isolation == "unshare":
+            argv = iso.unshare_argv(self._setup, uid=slot.uid, gid=slot.gid, cwd=cwd, root=self.root)
+            argv += command
         else:
-            inside_env = iso.sandbox_env(
-                home=self.tmp, tmp=self.tmp, extra=env, prefixes=iso.host_python_prefixes()
-            )
-            argv = (iso.unshare_argv() if self.isolation == "unshare" else []) + command
+            argv = command
             host_cwd = cwd if os.path.isdir(cwd) else str(self.workspace)
-        slot = self._res.slot
         return self._res.spawner.spawn(
             argv,
             env=inside_env,

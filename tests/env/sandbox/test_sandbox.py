@@ -22,11 +22,15 @@ from env.sandbox import (
     make_workspace,
     remove_workspace,
 )
+from env.sandbox import isolation as iso
 from env.sandbox.slots import is_root, uid_processes
 from env.sandbox.workspace import workspace_cap_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LIMITS = Limits(timeout_s=20.0)
+# The strongest level this machine has: these tests check ordinary behaviour at it, where a sandbox on its
+# own ('auto') would refuse anything weaker than bwrap.
+LEVEL = detect_isolation()
 
 
 @pytest.fixture
@@ -52,13 +56,13 @@ def workspace(repo):
 
 @pytest.fixture
 def sandbox(workspace):
-    with Sandbox(workspace, limits=LIMITS) as sb:
+    with Sandbox(workspace, limits=LIMITS, isolation=LEVEL) as sb:
         yield sb
 
 
 def test_isolation_is_detected_and_reported(sandbox):
     assert detect_isolation() in ("bwrap", "unshare", "none")
-    assert sandbox.isolation == detect_isolation()
+    assert sandbox.isolation == LEVEL
     result = sandbox.run("true")
     assert isinstance(result, CommandResult)
     assert result.isolation == sandbox.isolation
@@ -92,7 +96,7 @@ def test_parallel_commands_in_one_sandbox(sandbox):
 
 
 def test_workspace_appears_at_root(sandbox):
-    assert sandbox.root == (SANDBOX_ROOT if sandbox.isolation == "bwrap" else str(sandbox.workspace))
+    assert sandbox.root == (str(sandbox.workspace) if sandbox.isolation == "none" else SANDBOX_ROOT)
     result = sandbox.run("pwd; ls pkg")
     assert result.output.splitlines() == [sandbox.root, "__init__.py", "calc.py"]
     assert result.cwd == sandbox.root
@@ -127,7 +131,7 @@ def test_timeout_ends_the_command_quickly(sandbox):
 
 
 def test_output_is_capped_at_the_head(workspace):
-    with Sandbox(workspace, limits=dataclasses.replace(LIMITS, max_output_bytes=1000)) as sb:
+    with Sandbox(workspace, limits=dataclasses.replace(LIMITS, max_output_bytes=1000), isolation=LEVEL) as sb:
         result = sb.run("seq 1 100000")
         assert result.truncated and result.exit_code == 0
         assert len(result.output) == 1000
@@ -201,7 +205,7 @@ def test_make_workspace_is_a_private_capped_copy(repo):
     ws = make_workspace(repo)
     try:
         assert ws != repo and (ws / "pkg" / "calc.py").read_text() == (repo / "pkg" / "calc.py").read_text()
-        with Sandbox(ws, limits=LIMITS) as sb:
+        with Sandbox(ws, limits=LIMITS, isolation=LEVEL) as sb:
             assert sb.run("echo '# edited' >> pkg/calc.py").exit_code == 0
         assert "edited" in (ws / "pkg" / "calc.py").read_text()
         assert "edited" not in (repo / "pkg" / "calc.py").read_text()
@@ -214,7 +218,7 @@ def test_make_workspace_is_a_private_capped_copy(repo):
 
 def test_limits_bind_the_command(workspace):
     limits = dataclasses.replace(LIMITS, open_files=100, nproc=50, file_size_mb=1)
-    with Sandbox(workspace, limits=limits) as sb:
+    with Sandbox(workspace, limits=limits, isolation=LEVEL) as sb:
         result = sb.run("ulimit -n; ulimit -u; ulimit -f; ulimit -c")
         assert result.output.split() == ["100", "50", "1024", "0"]  # bash counts -f in KiB
         big = sb.run("head -c 2000000 /dev/zero > big.bin")
@@ -226,10 +230,13 @@ def test_limits_bind_the_command(workspace):
 def test_slots_are_exclusive_and_cleaned_up(repo):
     ws_a, ws_b = make_workspace(repo), make_workspace(repo)
     try:
-        with Sandbox(ws_a, limits=LIMITS) as a, Sandbox(ws_b, limits=LIMITS) as b:
+        with (
+            Sandbox(ws_a, limits=LIMITS, isolation=LEVEL) as a,
+            Sandbox(ws_b, limits=LIMITS, isolation=LEVEL) as b,
+        ):
             assert a.slot != b.slot and a.uid != b.uid and a.uid != 0
             with pytest.raises(RuntimeError):
-                Sandbox(ws_a, slot=a.slot)
+                Sandbox(ws_a, slot=a.slot, isolation=LEVEL)
             assert a.run("id -u").output.strip() == str(a.uid)
             shell_id, pid, out_path = a.start_background("echo bg-started; sleep 60")
             log = a.host_path(out_path)
@@ -259,7 +266,7 @@ def test_commands_end_when_the_owning_process_dies(workspace):
     script = (
         "import os, signal, sys, time\n"
         "from env.sandbox import Sandbox\n"
-        f"sb = Sandbox({str(workspace)!r})\n"
+        f"sb = Sandbox({str(workspace)!r}, isolation={LEVEL!r})\n"
         "sb.start_background('setsid sleep 100 & sleep 100')\n"
         "print(sb.uid, flush=True)\n"
         "time.sleep(0.5)\n"
@@ -277,16 +284,18 @@ def test_commands_end_when_the_owning_process_dies(workspace):
 
 @pytest.mark.parametrize("level", ["unshare", "none"])
 def test_fallback_levels_run_commands(workspace, level):
-    if level == "unshare" and subprocess.run(["unshare", "--map-current-user", "--net", "true"]).returncode:
-        pytest.skip("unshare cannot create namespaces here")
+    if level == "unshare" and iso.probe("unshare") is not None:
+        pytest.skip(f"unshare cannot create namespaces here: {iso.probe('unshare')}")
     with Sandbox(workspace, limits=LIMITS, isolation=level) as sb:
-        assert sb.root == str(sb.workspace)
+        # unshare binds the workspace at SANDBOX_ROOT in its mount namespace, as bwrap does; 'none' cannot.
+        mounted = level == "unshare" and iso.has_mount_point()
+        assert sb.root == (SANDBOX_ROOT if mounted else str(sb.workspace))
         result = sb.run("echo hi; pwd")
         assert result.isolation == level
-        assert result.output == f"hi\n{sb.workspace}\n"
+        assert result.output == f"hi\n{sb.root}\n"
         sb.run("mkdir -p sub")
         sb.shell("cd sub")
-        assert sb.shell("pwd").output.strip() == f"{sb.workspace}/sub"
+        assert sb.shell("pwd").output.strip() == f"{sb.root}/sub"
         start = time.monotonic()
         assert sb.run("sleep 30", timeout=0.5).timed_out
         assert time.monotonic() - start < 1.5
@@ -304,7 +313,7 @@ def test_fallback_levels_run_commands(workspace, level):
 def test_workspace_size_is_checked_without_a_capped_mount():
     with tempfile.TemporaryDirectory() as d:
         os.chmod(d, 0o755)  # the slot uid must reach it
-        with Sandbox(Path(d), limits=dataclasses.replace(LIMITS, workspace_mb=1)) as sb:
+        with Sandbox(Path(d), limits=dataclasses.replace(LIMITS, workspace_mb=1), isolation=LEVEL) as sb:
             ok = sb.run("head -c 1000 /dev/zero > small")
             assert "over its cap" not in ok.output
             over = sb.run("head -c 2000000 /dev/zero > big")
@@ -312,13 +321,25 @@ def test_workspace_size_is_checked_without_a_capped_mount():
 
 
 def test_cli_prints_one_json_object(workspace):
-    cmd = [sys.executable, "-m", "env.sandbox", "run", "--workspace", str(workspace), "--timeout", "10", "--"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "env.sandbox",
+        "run",
+        "--workspace",
+        str(workspace),
+        "--isolation",
+        LEVEL,
+        "--timeout",
+        "10",
+        "--",
+    ]
     done = subprocess.run(
         [*cmd, "echo hi; exit 2"], capture_output=True, text=True, cwd=REPO_ROOT, check=True
     )
     result = json.loads(done.stdout)
     assert result["exit_code"] == 2 and result["output"] == "hi\n" and result["timed_out"] is False
-    assert result["isolation"] == detect_isolation()
+    assert result["isolation"] == LEVEL
     argv = subprocess.run(
         [*cmd, "python", "-c", "print('a b')"], capture_output=True, text=True, cwd=REPO_ROOT
     )
