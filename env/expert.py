@@ -26,6 +26,7 @@ from pathlib import Path
 from env.chat import Message, ToolCall, render_text, system_message
 from env.reward import Grade, grade
 from env.sandbox import Limits, Sandbox, make_workspace, remove_workspace
+from env.tasks import environments
 from env.tasks.diffs import parse_patch
 from env.tasks.task import Task
 from env.tools import ToolContext, ToolResult, execute_parallel, first_edit_after_read, tool_schemas
@@ -72,7 +73,8 @@ def solve(task: Task, *, workspace_parent: Path | None = None, isolation: str = 
     """Runs the expert on `task` in a fresh workspace and sandbox, grades the result, cleans up."""
     workspace = make_workspace(task.repo, workspace_parent)
     try:
-        with Sandbox(workspace, limits=Limits(timeout_s=task.timeout_s), isolation=isolation) as box:
+        limits, python_env = Limits(timeout_s=task.timeout_s), environments.python_env(task)
+        with Sandbox(workspace, limits=limits, isolation=isolation, python_env=python_env) as box:
             expert = _Expert(task, ToolContext(workspace, box))
             expert.run()
         result = grade(

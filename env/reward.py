@@ -52,6 +52,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from env.sandbox import SANDBOX_ROOT, Limits, Sandbox, make_workspace, remove_workspace
+from env.tasks import environments
 from env.tasks.diffs import (
     PatchError,
     apply_patch,
@@ -152,7 +153,9 @@ def grade(
         suspects = tamper_suspects(task, copy)
         similarity = patch_similarity(task, copy)
         limits = limits or Limits(timeout_s=task.timeout_s)
-        with Sandbox(copy, limits=limits, isolation=isolation) as box:
+        with Sandbox(
+            copy, limits=limits, isolation=isolation, python_env=environments.python_env(task)
+        ) as box:
             report = f"{box.tmp}/{REPORT_NAME}"
             addopts = f"--junitxml={shlex.quote(report)} -rA"
             run = box.run(task.test_cmd, timeout=task.timeout_s, env={"PYTEST_ADDOPTS": addopts})

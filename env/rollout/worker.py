@@ -33,6 +33,7 @@ from typing import Any
 from env import reward, sandbox, tasks, tools
 from env.chat import ToolCall
 from env.rollout.events import Event
+from env.tasks import environments
 from env.tools import first_edit_after_read
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,12 @@ class _Worker:
             task = self.task_cache[task_dir] = tasks.load_task(task_dir)
         workspace = sandbox.make_workspace(task.repo)
         try:
-            box = sandbox.Sandbox(workspace, limits=self.limits, isolation=self.isolation)
+            box = sandbox.Sandbox(
+                workspace,
+                limits=self.limits,
+                isolation=self.isolation,
+                python_env=environments.python_env(task),
+            )
         except Exception:
             sandbox.remove_workspace(workspace)
             raise
