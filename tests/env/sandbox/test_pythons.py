@@ -1,6 +1,7 @@
 """A task's venv inside the sandbox (`python_env`): its interpreter first on PATH, read-only, at every level,
 also when the venv lies under a directory the slot uids cannot enter."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -108,3 +109,32 @@ def test_venv_base_prefixes_reads_home(tmp_path):
     found = pythons.pythons(venv)
     assert found.venv == str(venv.resolve())
     assert found.bins[0] == f"{venv.resolve()}/bin" and f"{sys.prefix}/bin" in found.bins
+
+
+def test_a_tasks_environment_runs_its_episode_and_its_grading(tmp_path, monkeypatch):
+    """The expert's sandbox and grading's both run the task's venv: one that sees the base's packages
+    (pytest) and announces itself from a .pth file at every interpreter start."""
+    environments = pytest.importorskip("env.tasks.environments")
+    from env.expert import solve
+    from env.tasks import generate_task
+
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    task = dataclasses.replace(
+        generate_task(2, 2, tmp_path / "tasks", "train"), environment={"python": version}
+    )
+    cache = tmp_path / "envs"
+    venv = environments.venv_dir(environments.from_task(task), cache)
+    subprocess.run(
+        [BASE, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True, timeout=60
+    )
+    site = venv / "lib" / f"python{version}" / "site-packages"
+    (site / "announce.pth").write_text("import sys; sys.stderr.write('[task venv ' + sys.prefix + ']\\n')\n")
+    (venv / environments.READY).write_text("test\n")
+    os.chmod(tmp_path, 0o755)  # pytest's tmp_path is 0700; the route is tested above
+    monkeypatch.setenv(environments.CACHE_VARIABLE, str(cache))
+    assert environments.python_env(task) == venv
+    trajectory = solve(task)
+    assert trajectory.reward == 1.0
+    marker = f"[task venv {venv}]"
+    assert marker in trajectory.grade.output
+    assert any(marker in m.content for m in trajectory.messages if m.role == "tool")
