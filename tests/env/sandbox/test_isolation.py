@@ -128,6 +128,9 @@ def test_tool_results_are_the_same_under_bwrap_and_unshare(workspace):
     assert "Output file: /tmp/background-1.log" in bwrap[6]
     for one, other in zip(bwrap, unshare):
         assert one == other
+    # Without namespaces commands see host paths, but the host-side tools still name /workspace paths.
+    none = _session(workspace, "none")
+    assert none[-2:] == bwrap[-2:] and f"search in '{SANDBOX_ROOT}'" in none[-1]
 
 
 def test_unshare_hides_the_hosts_tmp(workspace):
