@@ -130,10 +130,13 @@ def test_a_tasks_environment_runs_its_episode_and_its_grading(tmp_path, monkeypa
     site = venv / "lib" / f"python{version}" / "site-packages"
     (site / "announce.pth").write_text("import sys; sys.stderr.write('[task venv ' + sys.prefix + ']\\n')\n")
     (venv / environments.READY).write_text("test\n")
-    os.chmod(tmp_path, 0o755)  # pytest's tmp_path is 0700; the route is tested above
     monkeypatch.setenv(environments.CACHE_VARIABLE, str(cache))
     assert environments.python_env(task) == venv
-    trajectory = solve(task)
+    try:
+        trajectory = solve(task)
+    finally:
+        if is_root():
+            pythons.remove_host_bind(str(venv))  # the route a venv under pytest's 0700 tmp dir took
     assert trajectory.reward == 1.0
     marker = f"[task venv {venv}]"
     assert marker in trajectory.grade.output
