@@ -39,7 +39,7 @@ from env.sandbox import pythons
 from env.sandbox.limits import MB
 from env.sandbox.process import run_capped
 from env.sandbox.pythons import needs_route, under
-from env.sandbox.slots import UID_BASE, ensure_dir, is_root
+from env.sandbox.slots import UID_BASE, ensure_dir, is_root, state_root
 from env.sandbox.spawner import Launched, Spawner
 from env.sandbox.workspace import untraversable
 
@@ -106,10 +106,15 @@ def write_etc(directory: Path, uid: int, gid: int) -> str:
     return str(directory)
 
 
+@functools.cache
+def _which(name: str) -> str | None:
+    return shutil.which(name, path=TOOL_PATH)
+
+
 def tool(name: str) -> str:
     """The absolute path of a host program the sandbox starts commands with, looked up on TOOL_PATH only: a
     command's PATH starts with Python bin directories, whose files must not stand in for the launcher."""
-    found = shutil.which(name, path=TOOL_PATH)
+    found = _which(name)
     if found is None:
         raise FileNotFoundError(f"{name} is not installed (not found in {TOOL_PATH})")
     return found
@@ -235,7 +240,8 @@ def unshare_setup(
     """The mount operations of the unshare helper: the workspace at SANDBOX_ROOT (None: seen at its host
     path), the slot's `tmp` at /tmp, a fresh /dev/shm, and each Python installation read-only at its own
     path. One the slot uid cannot reach (under /root) is bound from its route on a tmpfs laid over the
-    first directory that blocks it (in this mount namespace only; it hides that directory's contents)."""
+    first directory that blocks it (in this mount namespace only; it hides that directory's contents).
+    Last, an empty tmpfs hides the sandbox state directory: the other slots' /tmp and /etc."""
     ops, covers, late = [], [], []
     if workspace is not None:
         ops += ["bind", workspace, SANDBOX_ROOT]
@@ -250,7 +256,10 @@ def unshare_setup(
     ops += ["rbind", tmp, "/tmp", "tmpfs", "/dev/shm", f"mode=1777,size={shm_mb}m"]
     for cover in covers:
         ops += ["tmpfs", cover, "mode=755,size=1m"]
-    return ops + late
+    ops += late
+    if is_root():  # otherwise the state directory is under /tmp, already replaced
+        ops += ["tmpfs", str(state_root()), "mode=755,size=1m"]
+    return ops
 
 
 def unshare_argv(setup: list[str], *, uid: int, gid: int, cwd: str, root: str) -> list[str]:

@@ -21,7 +21,7 @@ from env.sandbox import (
 )
 from env.sandbox import __main__ as cli
 from env.sandbox import isolation as iso
-from env.sandbox.slots import is_root
+from env.sandbox.slots import is_root, state_root
 from env.tools import ToolContext, execute
 
 LIMITS = Limits(timeout_s=20.0)
@@ -138,11 +138,19 @@ def test_unshare_hides_the_hosts_tmp(workspace):
     marker = Path(tempfile.gettempdir()) / f"composer-host-marker-{os.getpid()}"
     marker.write_text("host\n")
     try:
-        with Sandbox(workspace, limits=LIMITS, isolation="unshare") as box:
+        with (
+            Sandbox(workspace, limits=LIMITS, isolation="unshare") as box,
+            Sandbox(workspace, limits=LIMITS, isolation="unshare") as other,
+        ):
             assert box.root == SANDBOX_ROOT and box.tmp == "/tmp"
             result = box.run(f"ls /tmp; echo made > /tmp/{marker.name}; cat /tmp/{marker.name}; ls /dev/shm")
             assert result.output == "made\n"
             assert box.host_path(f"/tmp/{marker.name}").read_text() == "made\n"
+            # Another slot's /tmp is out of sight too (its host path is under the hidden state directory).
+            theirs = other.host_path(f"/tmp/{marker.name}")
+            assert other.run(f"echo theirs > /tmp/{marker.name}").exit_code == 0 and theirs.exists()
+            assert box.run(f"cat {theirs}").exit_code != 0
+            assert box.run(f"ls -A {state_root()} 2>/dev/null").output == ""
         assert marker.read_text() == "host\n"
     finally:
         marker.unlink()
