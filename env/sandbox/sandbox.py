@@ -1,4 +1,4 @@
-"""Sandbox: runs one episode's commands in its workspace under the strongest isolation available.
+"""Sandbox: runs one episode's commands in its workspace, under bubblewrap unless a weaker level is forced.
 
 Each command is a fresh process tree in its own namespaces (see isolation.py), so a timeout or the end of a
 command takes every descendant with it. What persists across the commands of one episode is what a
