@@ -130,3 +130,14 @@ def test_removed_rl_extras_are_unknown_keys(key):
     config.lock()
     with pytest.raises(AttributeError, match=key):
         setattr(config.rl, key, 1)
+
+
+def test_a_workdir_recorded_under_another_isolation_level_is_refused_before_data(tmp_path):
+    # The workdir's DATA ran under 'none'; this machine resolves 'auto' to something else (bwrap in CI).
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "isolation.json").write_text(json.dumps({"level": "none", "requested": "none"}))
+    r = _launch("--config=experiments/composer.py:tiny", "--mode=data", f"--workdir={workdir}")
+    assert r.returncode != 0
+    assert "'none'" in r.stderr and "--config.env.isolation=none" in r.stderr, r.stderr[-3000:]
+    assert sorted(p.name for p in workdir.iterdir()) == ["isolation.json"]  # no task was generated
