@@ -16,6 +16,16 @@ Variants, chosen by the argument after the colon:
   CPU and solves nothing. Used by the tests.
 - ``:gpu``: one H200-class GPU, 4.9 B parameters in total (0.9 B active per token), bf16 compute.
 
+Any suite of task directories (SWE-bench-style task.json + repo/) instead of generated tasks:
+
+    python launch.py --config=experiments/composer.py --config.env.tasks=DIR [--config.eval.tasks=HELDOUT]
+    python launch.py --config=experiments/composer.py --mode=eval --config.eval.tasks=DIR --workdir=RUN
+                     [--config.eval.samples_per_task=8 --config.eval.temperature=0.6]
+
+The first trains on DIR (composer/pipeline/suites.py says how held-out tasks are split off without
+eval.tasks); the second evaluates RUN's latest checkpoint on DIR and prints a JSON line with pass@k last
+(composer/pipeline/eval_suite.py).
+
 Any value can be overridden, e.g. ``--config.rl.learning_rate=3e-6``; the dict is locked, so a misspelt
 key fails at start-up with its name. The measurements behind the values are in docs/experiments.md.
 """

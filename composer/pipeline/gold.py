@@ -34,7 +34,7 @@ SAY = {
     "edit": "Found the problem in `{path}`. Let me fix it.",
     "next": "And the next change in the same fix.",
     "verify": "Now let me run the tests again.",
-    "done": "I fixed the bug in {paths}; the failing tests pass now.",
+    "done": "I fixed the bug in {paths}; the failing tests pass now.",  # as grading found
     "failed": "I changed {paths}, but the tests still fail.",
 }
 NEEDED_TOOLS = ("run_terminal_cmd", "search_replace")
@@ -153,13 +153,15 @@ def solve(task, *, tools: tuple[str, ...] | None = None, isolation: str = "auto"
                     args = {"file_path": f.path, "old_string": old, "new_string": new}
                     turn(say.format(path=f.path), [chat.ToolCall("search_replace", args)])
                     say = SAY["next"]
-            result = turn(SAY["verify"], [_test_call(task)])[0].text
-        paths = ", ".join(f"`{f.path}`" for f in files)
-        passed = re.search(r"\d+ passed", result) and not re.search(r"\d+ (failed|errors?)\b", result)
-        messages.append(chat.Message("assistant", SAY["done" if passed else "failed"].format(paths=paths)))
+            turn(SAY["verify"], [_test_call(task)])
         first_read = first_edit_after_read(turn_tools)
         graded = grade(task, workspace, edited_files=ctx.edited_files, tool_errors=errors,
                        first_edit_after_read=first_read, isolation=isolation)  # fmt: skip
     finally:
         remove_workspace(workspace)
+    # The closing line says what grading found (a task's hidden tests, in test_patch, the runs above lack).
+    paths = ", ".join(f"`{f.path}`" for f in files)
+    messages.append(
+        chat.Message("assistant", SAY["done" if graded.reward == 1.0 else "failed"].format(paths=paths))
+    )
     return Trajectory(messages, graded.reward)
