@@ -13,7 +13,7 @@ MODE_HELP = (
     "data: generate the task suite and tokenizer only",
     "sft: the supervised warm start only",
     "rl: the RL phase only",
-    "eval: evaluate the latest checkpoint on held-out tasks",
+    "eval: evaluate the latest checkpoint on held-out tasks (on any suite with --config.eval.tasks=DIR)",
 )
 MODES = tuple(h.split(":")[0] for h in MODE_HELP)
 
@@ -31,6 +31,12 @@ def info(config: ml_collections.ConfigDict, workdir: Path) -> None:
 
 def _pipeline(only: str | None) -> Callable[[ml_collections.ConfigDict, Path], None]:
     def mode(config: ml_collections.ConfigDict, workdir: Path) -> None:
+        if only == "eval" and config.eval.tasks:
+            # Any suite: the latest checkpoint, init_from or the random init; pass@k; a JSON line last.
+            from composer.pipeline import eval_suite
+
+            eval_suite.run(config, workdir)
+            return
         if only == "eval" and config.model.init_from:
             # A pretrained checkpoint as it is: no DATA / SFT phases needed.
             from composer.checkpoints.evaluate_pretrained import run_eval
@@ -84,6 +90,15 @@ def main(config: ml_collections.ConfigDict, workdir: str, mode: str) -> None:
     # Values that would otherwise fail minutes in, or only once a task suite is generated.
     offered_tools(config.env.tools)
     task_families(config)
+    for key in ("env.tasks", "eval.tasks"):
+        section, name = key.split(".")
+        where = config[section][name]
+        if where and not Path(where).expanduser().is_dir():
+            raise ValueError(f"{key}: {where} is not a directory (a suite: a directory of task directories)")
+    if mode == "eval":
+        from composer.pipeline import eval_suite
+
+        eval_suite.check(config)
     # Absolute, so that no phase depends on the directory a subprocess or sandbox starts in.
     path = Path(workdir).resolve()
     path.mkdir(parents=True, exist_ok=True)

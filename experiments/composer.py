@@ -16,6 +16,16 @@ Variants, chosen by the argument after the colon:
   CPU and solves nothing. Used by the tests.
 - ``:gpu``: one H200-class GPU, 4.9 B parameters in total (0.9 B active per token), bf16 compute.
 
+Any suite of task directories (SWE-bench-style task.json + repo/) instead of generated tasks:
+
+    python launch.py --config=experiments/composer.py --config.env.tasks=DIR [--config.eval.tasks=HELDOUT]
+    python launch.py --config=experiments/composer.py --mode=eval --config.eval.tasks=DIR --workdir=RUN
+                     [--config.eval.samples_per_task=8 --config.eval.temperature=0.6]
+
+The first trains on DIR (composer/pipeline/suites.py says how held-out tasks are split off without
+eval.tasks); the second evaluates RUN's latest checkpoint on DIR and prints a JSON line with pass@k last
+(composer/pipeline/eval_suite.py).
+
 Any value can be overridden, e.g. ``--config.rl.learning_rate=3e-6``; the dict is locked, so a misspelt
 key fails at start-up with its name. The measurements behind the values are in docs/experiments.md.
 """
@@ -94,6 +104,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.env = _env()
     c.eval = _values(
         n_tasks=200,
+        tasks="",  # a suite directory: held-out tasks when training, the suite of --mode=eval ('': none)
+        samples_per_task=1,  # --mode=eval on eval.tasks: episodes a task for pass@k (> 1: temperature > 0)
         temperature=0.0,  # 0: greedy
         episode_timeout_s=900.0,  # a safety cap: EVAL grades, nothing waits on an episode
         every_steps=20,
@@ -171,14 +183,15 @@ def _rl() -> ConfigDict:
 def _env() -> ConfigDict:
     """Tasks, sandboxes and the rollout pool (env/)."""
     return _values(
-        n_train_tasks=600,
-        n_heldout_tasks=200,
+        tasks="",  # a suite directory to train on instead of generated tasks (composer/pipeline/suites.py)
+        n_train_tasks=600,  # generated tasks; a suite directory is used whole
+        n_heldout_tasks=200,  # generated; or at most this many split off env.tasks when eval.tasks is ''
         difficulty=1,
         families="missing_return,early_return",  # comma-separated bug families ('': all eight)
         n_workers=2,
         rollout_backend="local",  # 'local' (worker processes here) | 'ray' (workers across a cluster)
         ray_address="",  # for 'ray': '' = RAY_ADDRESS if set, else a local cluster; or 'host:port'
-        isolation="auto",
+        isolation="auto",  # 'auto': bwrap, else a start-up error; 'unshare' | 'none' force weaker (warned)
         max_turns=8,
         max_episode_tokens=2048,
         episode_timeout_s=120.0,

@@ -130,3 +130,42 @@ def test_removed_rl_extras_are_unknown_keys(key):
     config.lock()
     with pytest.raises(AttributeError, match=key):
         setattr(config.rl, key, 1)
+
+
+def test_a_workdir_recorded_under_another_isolation_level_is_refused_before_data(tmp_path):
+    # The workdir's DATA ran under 'none'; this machine resolves 'auto' to something else (bwrap in CI).
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "isolation.json").write_text(json.dumps({"level": "none", "requested": "none"}))
+    r = _launch("--config=experiments/composer.py:tiny", "--mode=data", f"--workdir={workdir}")
+    assert r.returncode != 0
+    assert "'none'" in r.stderr and "--config.env.isolation=none" in r.stderr, r.stderr[-3000:]
+    assert sorted(p.name for p in workdir.iterdir()) == ["isolation.json"]  # no task was generated
+
+
+@pytest.mark.parametrize("key", ["env.tasks", "eval.tasks"])
+def test_a_suite_that_is_not_a_directory_fails_before_work_naming_the_key(tmp_path, key):
+    workdir = tmp_path / "w"
+    r = _launch(
+        "--config=experiments/composer.py:tiny", f"--config.{key}={tmp_path / 'nope'}", f"--workdir={workdir}"
+    )
+    assert r.returncode != 0
+    assert key in r.stderr and "not a directory" in r.stderr
+    assert not workdir.exists()
+
+
+def test_several_greedy_samples_a_task_fail_before_work(tmp_path):
+    workdir = tmp_path / "w"
+    r = _launch(
+        "--config=experiments/composer.py:tiny", "--mode=eval", f"--config.eval.tasks={tmp_path}",
+        "--config.eval.samples_per_task=4", f"--workdir={workdir}",
+    )  # fmt: skip
+    assert r.returncode != 0
+    assert "eval.samples_per_task=4" in r.stderr and "eval.temperature" in r.stderr
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize("variant", [None, "tiny", "gpu"])
+def test_suite_keys_default_to_generated_tasks(variant):
+    config = composer_config.get_config(variant)
+    assert config.env.tasks == "" and config.eval.tasks == "" and config.eval.samples_per_task == 1

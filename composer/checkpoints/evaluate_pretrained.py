@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 
 from composer.checkpoints.pretrained import load_pretrained
 from composer.pipeline import data as data_lib
+from composer.pipeline import isolation
 from composer.pipeline.evaluate import evaluate
 
 
@@ -25,6 +26,7 @@ def run_eval(config: ml_collections.ConfigDict, workdir: str | Path, mesh: Mesh 
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    isolation.settle(config, workdir)
     tasks = data_lib.task_suite(config, workdir, "heldout")
     params, cfg, tokenizer = load_pretrained(config, mesh)
     stats = evaluate(config, params, cfg, tokenizer, tasks, out=workdir / "eval_pretrained.json")

@@ -1,13 +1,17 @@
-"""DATA: the task suite (train and held-out splits), expert trajectories for SFT, and the tokenizer.
+"""DATA: the task suite (train and held-out splits), trajectories for SFT, and the tokenizer.
 
-Outputs in the workdir: tasks/{train,heldout}/ (with a DONE marker once complete), sft_data.jsonl (one
-expert trajectory per line, solved ones only, with the task's instance id), heldout_expert.jsonl (the same
-for the first eval.next_call_tasks held-out tasks) and tokenizer.json.
+The tasks are generated, or with env.tasks a suite directory's (composer/pipeline/suites.py). A trajectory
+is the scripted expert's on a generated task, the gold patch's (composer/pipeline/gold.py) on any other.
+
+Outputs in the workdir: tasks/{train,heldout}/ for generated tasks (with a DONE marker once complete),
+sft_data.jsonl (one trajectory per line, solved ones only, with the task's instance id and its source),
+heldout_expert.jsonl (the same for the first eval.next_call_tasks held-out tasks) and tokenizer.json.
 """
 
 import collections
 import concurrent.futures
 import dataclasses
+import itertools
 import json
 import multiprocessing
 import re
@@ -18,10 +22,11 @@ import ml_collections
 from absl import logging
 from tqdm import tqdm
 
-from composer.pipeline import rollouts
+from composer.pipeline import gold, rollouts, suites
 from env import chat
 from env import tasks as env_tasks
 from env.tokenizer import Tokenizer, train_tokenizer
+from env.tools import offered_tools
 
 
 @dataclasses.dataclass
@@ -45,13 +50,17 @@ def task_families(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 
 def task_suite(config: ml_collections.ConfigDict, workdir: Path, split: str) -> list:
-    """The `split` ('train' or 'heldout') suite: env.n_train_tasks or env.n_heldout_tasks tasks of
-    env.families, generated once into workdir/tasks/<split> (a DONE marker once complete) and loaded after;
-    in seed order either way, so a larger suite of the same seed begins with the smaller one's tasks."""
+    """The `split` ('train' or 'heldout') tasks in suite order (composer/pipeline/suites.py): with
+    env.tasks, that suite's (suites.from_directories); else env.n_train_tasks or env.n_heldout_tasks
+    generated tasks of env.families, written once into workdir/tasks/<split> (a DONE marker once complete)
+    and loaded after, so that a larger suite of the same seed begins with the smaller one's tasks."""
+    if config.env.tasks:
+        train, heldout = suites.from_directories(config)
+        return train if split == "train" else heldout
     out = workdir / "tasks" / split
     done = out / "DONE"
     if done.exists():
-        return _seed_order(env_tasks.load_suite(out))
+        return suites.suite_order(env_tasks.load_suite(out))
     env = config.env
     count = env.n_train_tasks if split == "train" else env.n_heldout_tasks
     families = task_families(config)
@@ -72,14 +81,13 @@ def task_suite(config: ml_collections.ConfigDict, workdir: Path, split: str) -> 
             workers=env.n_workers,
         )
     done.write_text(json.dumps({"count": len(suite), "seconds": round(time.time() - t0, 1)}))
-    return _seed_order(suite)
+    return suites.suite_order(suite)
 
 
-def _seed_order(suite: list) -> list:
-    """The tasks by generator seed. The generator returns them so, load_suite by directory name; a resumed
-    run must see the same list (RL's task stream, SFT's first sft.n_trajectories and EVAL's first
-    eval.n_tasks index it), and raising env.n_train_tasks must keep the tasks SFT had."""
-    return sorted(suite, key=lambda t: (t.metadata["seed"], t.instance_id))
+def _splits(config: ml_collections.ConfigDict, workdir: Path) -> tuple[list, list]:
+    if config.env.tasks:
+        return suites.from_directories(config)
+    return task_suite(config, workdir, "train"), task_suite(config, workdir, "heldout")
 
 
 # pytest's closing line ("2 failed, 8 passed in 0.05s"), whose wall time is the one part of an expert
@@ -107,46 +115,83 @@ def fixed_test_times(messages: list[chat.Message]) -> list[chat.Message]:
     return out
 
 
-def _solve(task_dir: str) -> tuple[str, str, float, list[dict]]:
+def expert_plans(task) -> bool:
+    """Whether the scripted expert can plan `task`: a generated task, whose metadata holds the call chain
+    down to the bug and the test the report shows (env/expert.py)."""
+    bug = task.metadata.get("bug")
+    return isinstance(bug, dict) and "chain" in bug and "shown_test" in task.metadata
+
+
+def _solve(
+    task_dir: str, tools: tuple[str, ...] | None, isolation: str
+) -> tuple[str, str, float, list[dict]]:
+    """(instance id, source, reward, messages) of a task's recorded trajectory: the scripted expert's on a
+    generated task, else the gold patch's (composer/pipeline/gold.py); source 'expert', 'gold', or
+    'none: <why>' (reward 0, no messages) where there is neither."""
     from env import expert
 
     task = env_tasks.load_task(Path(task_dir))
-    traj = expert.solve(task)
+    if expert_plans(task):
+        traj, source = expert.solve(task, isolation=isolation), "expert"
+    elif (reason := gold.applicable(task, tools)) is None:
+        traj, source = gold.solve(task, tools=tools, isolation=isolation), "gold"
+    else:
+        return task.instance_id, f"none: {reason}", 0.0, []
     messages = fixed_test_times(traj.messages)
-    return task.instance_id, traj.family, traj.reward, [chat.message_to_dict(m) for m in messages]
+    return task.instance_id, source, traj.reward, [chat.message_to_dict(m) for m in messages]
 
 
 def _trajectories(
-    path: Path, tasks: list, n: int, workers: int, split: str
+    path: Path, tasks: list, n: int, config: ml_collections.ConfigDict, split: str
 ) -> list[tuple[str | None, list[chat.Message]]]:
-    """(task instance id, messages) of the expert's solved trajectories on tasks[:n], collected once into
-    `path`. The id is None in files written before it was recorded."""
+    """(task instance id, messages) of the solved trajectories on tasks[:n] (the expert's or the gold
+    patch's, `_solve`), collected once into `path`. The id is None in files written before it was
+    recorded."""
     if not path.exists():
         chosen = [str(t.path) for t in tasks[:n]]
+        tools, isolation = offered_tools(config.env.tools), config.env.isolation
         tmp = path.with_suffix(".tmp")
-        solved = 0
+        tried, solved = collections.Counter(), collections.Counter()
         ctx = multiprocessing.get_context("spawn")
         with (
-            concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as ex,
+            concurrent.futures.ProcessPoolExecutor(config.env.n_workers, mp_context=ctx) as ex,
             tmp.open("w") as f,
-            tqdm(total=len(chosen), desc=f"DATA: expert on {split} tasks", unit="task") as bar,
+            tqdm(total=len(chosen), desc=f"DATA: trajectories on {split} tasks", unit="task") as bar,
         ):
-            for instance_id, family, reward, messages in ex.map(_solve, chosen):
+            runs = ex.map(_solve, chosen, itertools.repeat(tools), itertools.repeat(isolation))
+            for instance_id, source, reward, messages in runs:
                 bar.update()
+                tried[source] += 1
                 if reward == 1.0:
-                    solved += 1
-                    record = {"instance_id": instance_id, "family": family, "messages": messages}
+                    solved[source] += 1
+                    record = {"instance_id": instance_id, "source": source, "messages": messages}
                     f.write(json.dumps(record) + "\n")
-        logging.info("DATA: the expert solved %d of %d %s tasks", solved, len(chosen), split)
+        counts = [f"{source} {solved[source]} of {n}" for source, n in sorted(tried.items())]
+        logging.info("DATA: solved %s tasks by source: %s", split, "; ".join(counts))
         tmp.rename(path)
     records = [json.loads(x) for x in path.read_text().splitlines()]
     return [(r.get("instance_id"), [chat.message_from_dict(m) for m in r["messages"]]) for r in records]
 
 
-def _corpus(trajectories: list[list[chat.Message]], tasks: list) -> list[str]:
+# The tokenizer's corpus takes the Python files of the first CORPUS_TASKS train tasks, each distinct text
+# once, up to CORPUS_CHARS characters: tasks of one repository share most files, and a real repository
+# is far larger than a generated one.
+CORPUS_TASKS = 50
+CORPUS_CHARS = 50_000_000
+
+
+def corpus(trajectories: list[list[chat.Message]], tasks: list) -> list[str]:
+    """The tokenizer's training texts: the trajectories as the model sees them, and the tasks' code."""
     texts = [chat.render_text(t) for t in trajectories]
-    for task in tasks:
-        texts.extend(p.read_text() for p in sorted(task.repo.rglob("*.py")))
+    seen, size = set(), 0
+    for task in tasks[:CORPUS_TASKS]:
+        for p in sorted(task.repo.rglob("*.py")):
+            text = p.read_text(errors="replace")
+            if text in seen or size + len(text) > CORPUS_CHARS:
+                continue
+            seen.add(text)
+            size += len(text)
+            texts.append(text)
     return texts
 
 
@@ -174,20 +219,26 @@ def _by_task(solved: list, trajectories: list, tasks: list) -> dict[str, list[ch
 
 def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
     """Builds (or loads, when already in the workdir) the tasks, trajectories and tokenizer."""
-    env = config.env
-    train = task_suite(config, workdir, "train")
-    heldout = task_suite(config, workdir, "heldout")
+    train, heldout = _splits(config, workdir)
     n = min(config.sft.n_trajectories, len(train))
-    solved = _trajectories(workdir / "sft_data.jsonl", train, n, env.n_workers, "train")
+    solved = _trajectories(workdir / "sft_data.jsonl", train, n, config, "train")
     system = rollouts.system_prompt(config)
     trajectories = _with_system([m for _, m in solved], system)
     by_task = _by_task(solved, trajectories, train)
-    if not trajectories:
+    if not trajectories and not config.env.tasks:
         raise RuntimeError("DATA: the expert solved no task, so there is nothing to learn from")
+    if not trajectories:
+        logging.warning(
+            "DATA: no solved trajectory on the first %d train tasks of %s: SFT is skipped and RL starts "
+            "from %s",
+            n,
+            config.env.tasks,
+            config.model.init_from or "the random init",
+        )
     n_probe = min(config.eval.next_call_tasks, len(heldout))
     heldout_expert = []
     if n_probe:
-        probe = _trajectories(workdir / "heldout_expert.jsonl", heldout, n_probe, env.n_workers, "held-out")
+        probe = _trajectories(workdir / "heldout_expert.jsonl", heldout, n_probe, config, "held-out")
         heldout_expert = _with_system([m for _, m in probe], system)
     tok_path = workdir / "tokenizer.json"
     if config.model.init_from:
@@ -199,7 +250,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
     else:
         t0 = time.time()
         tokenizer = train_tokenizer(
-            _corpus(trajectories, train[:50]), config.model.vocab_size, config.model.split_closing_quotes
+            corpus(trajectories, train), config.model.vocab_size, config.model.split_closing_quotes
         )
         tokenizer.save(tok_path)
         logging.info("DATA: tokenizer (vocab %d) trained in %.1f s", tokenizer.vocab_size, time.time() - t0)

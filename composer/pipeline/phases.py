@@ -10,7 +10,7 @@ from absl import logging
 
 from composer.metrics import MetricsWriter, plot_curves
 from composer.pipeline import data as data_lib
-from composer.pipeline import rl, sft
+from composer.pipeline import isolation, rl, sft
 from composer.pipeline.evaluate import evaluate
 from composer.pipeline.next_call import TURN_KEY
 
@@ -109,6 +109,7 @@ def _phase(name: str) -> None:
 def run_pipeline(config: ml_collections.ConfigDict, workdir: Path, only: str | None = None) -> dict | None:
     """DATA -> SFT -> EVAL -> RL -> EVAL -> SUMMARY (or just phase `only`: data | sft | rl | eval)."""
     t0 = time.time()
+    isolation.settle(config, workdir)  # before DATA records anything a tool returned
     writer = MetricsWriter(workdir)
     try:
         _phase("DATA")

@@ -134,15 +134,15 @@ def limits(config: ml_collections.ConfigDict, *, grading: bool = False) -> Rollo
 
 def one_episode_each(
     config: ml_collections.ConfigDict, sampler: Sampler, tokenizer, tasks: list, *, desc: str,
-    postfix: Callable[[list], dict] | None = None,
+    postfix: Callable[[list], dict] | None = None, samples: int = 1,
 ) -> list:  # fmt: skip
-    """One graded episode of `sampler`'s policy on each task (EpisodeResult list, in finishing order), from
-    its bug report, under the grading limits (`limits(config, grading=True)`): EVAL's loop.
-    `postfix(results so far)` is shown on the progress bar."""
+    """One graded episode (or `samples` of them) of `sampler`'s policy on each task (EpisodeResult list, in
+    finishing order), from its bug report, under the grading limits (`limits(config, grading=True)`):
+    EVAL's loop. `postfix(results so far)` is shown on the progress bar."""
     results = []
-    with pool(config) as p, tqdm(total=len(tasks), desc=desc, unit="episode") as bar:
+    with pool(config) as p, tqdm(total=len(tasks) * samples, desc=desc, unit="episode") as bar:
         groups = iter_groups(
-            tasks, sampler, p, tokenizer=tokenizer, group_size=1, limits=limits(config, grading=True),
+            tasks, sampler, p, tokenizer=tokenizer, group_size=samples, limits=limits(config, grading=True),
             max_active=max_active(config), prompt_fn=prompt_fn(config),
         )  # fmt: skip
         for group in groups:

@@ -145,6 +145,29 @@ def build(
     )
 
 
+def _checkpointer(config: ml_collections.ConfigDict, workdir: Path) -> Checkpointer:
+    return Checkpointer(
+        workdir / "checkpoints" / "sft",
+        max_to_keep=config.checkpoint.max_to_keep,
+        save_every=config.checkpoint.every_steps,
+    )
+
+
+def restore_latest(config: ml_collections.ConfigDict, workdir: Path, cfg, line_tokens, init_params=None):
+    """(params, step) of the SFT phase's latest checkpoint in `workdir` (a model of `cfg`; init_params as
+    for `build`), or None when there is none."""
+    ckpt = _checkpointer(config, workdir)
+    try:
+        step = ckpt.latest_step()
+        if step is None:
+            return None
+        learner = build(config, cfg, line_tokens, init_params)
+        learner.state, _ = ckpt.restore(learner.state)
+        return learner.params, step
+    finally:
+        ckpt.close()
+
+
 def run(config: ml_collections.ConfigDict, workdir: Path, data: Data, writer: MetricsWriter):
     """Trains (or resumes, or just loads when complete) the SFT model; returns its params."""
     init_params = None
@@ -157,12 +180,13 @@ def run(config: ml_collections.ConfigDict, workdir: Path, data: Data, writer: Me
     else:
         cfg = learner_lib.model_config(config, data.tokenizer)
     learner = build(config, cfg, learner_lib.line_tokens(cfg, data.tokenizer), init_params)
+    if not data.trajectories:  # a suite without solved trajectories (DATA said so): RL starts from here
+        logging.warning(
+            "SFT: skipped, no trajectories: the model is %s", config.model.init_from or "the random init"
+        )
+        return learner.params, cfg
     steps = config.sft.steps
-    ckpt = Checkpointer(
-        workdir / "checkpoints" / "sft",
-        max_to_keep=config.checkpoint.max_to_keep,
-        save_every=config.checkpoint.every_steps,
-    )
+    ckpt = _checkpointer(config, workdir)
     start = ckpt.latest_step() or 0
     if start:
         learner.state, _ = ckpt.restore(learner.state)

@@ -148,3 +148,55 @@ def test_eval_mode_never_trains(sft_run, jax_cache, tmp_path):
     assert all(e["messages"][0]["role"] == "user" and e["turns"] >= 1 for e in episodes)
     assert not read_metrics(workdir, "rl") and not (workdir / "eval_rl.json").exists()
     assert [r["step"] for r in read_metrics(workdir, "eval")] == [0]
+
+
+@pytest.fixture(scope="module")
+def suite_dir(tmp_path_factory) -> Path:
+    """A suite as one from elsewhere comes: written by `python -m env.tasks generate`, every task.json
+    without metadata.seed, and every other one without any metadata (the expert cannot plan those)."""
+    out = tmp_path_factory.mktemp("suite") / "suite"
+    subprocess.run(
+        [sys.executable, "-m", "env.tasks", "generate", "--out", str(out), "--count", "6", "--seed", "0",
+         "--families", "missing_return,early_return"],
+        cwd=ROOT, check=True, capture_output=True,
+    )  # fmt: skip
+    for i, path in enumerate(sorted(out.glob("*/task.json"))):
+        task = json.loads(path.read_text())
+        del task["metadata"]["seed"]
+        if i % 2:
+            task["metadata"] = {}
+        path.write_text(json.dumps(task))
+    return out
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_trains_on_a_suite_directory_and_evaluates_on_it(suite_dir, jax_cache, tmp_path):
+    workdir, log = tmp_path / "run", tmp_path / "run.log"
+    proc = _launch(workdir, log, f"--config.env.tasks={suite_dir}", "--config.rl.steps=2", cache=jax_cache)
+    proc.wait(timeout=900)
+    out = log.read_text()
+    assert proc.returncode == 0, out[-5000:]
+    assert "5 train tasks, 1 held out" in out, out[-5000:]
+    assert [r["step"] for r in read_metrics(workdir, "rl")] == [1, 2]
+    records = [json.loads(x) for x in (workdir / "sft_data.jsonl").read_text().splitlines()]
+    assert {r["source"] for r in records} == {
+        "expert",
+        "gold",
+    }  # the expert where it plans, else the gold patch
+    assert not (workdir / "tasks").exists()  # nothing generated
+    assert json.loads((workdir / "isolation.json").read_text())["level"] in ("bwrap", "unshare", "none")
+    # The same run's latest checkpoint on the whole suite: the JSON summary is the last line printed.
+    log = tmp_path / "eval.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)
+    r = subprocess.run(
+        [sys.executable, "launch.py", *TINY, f"--workdir={workdir}", f"--config.env.tasks={suite_dir}",
+         f"--config.eval.tasks={suite_dir}", "--config.eval.n_tasks=6", "--mode=eval",
+         f"--config.compilation_cache_dir={jax_cache}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-5000:]
+    assert "the model is the RL checkpoint of step 2" in r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["tasks"] == 6 and set(summary) == {"tasks", "solved", "solve_rate", "pass_at_k"}
+    assert (workdir / "eval_suites" / "suite-rl_step2" / "episodes.jsonl").exists()

@@ -99,3 +99,22 @@ def test_batch_indices_see_every_sequence_once_an_epoch_in_length_neighbours():
     assert abs(np.corrcoef(np.arange(len(firsts)), firsts)[0, 1]) < 0.3
     # Fewer sequences than a batch: every batch repeats some.
     assert sorted(set(sft.batch_indices(lengths[:1], 2, 7, 3).tolist())) == [0]
+
+
+def test_without_trajectories_sft_is_skipped_and_the_model_is_the_init(tmp_path):
+    # A suite on which no trajectory was solved (DATA logs it): RL starts from the random init.
+    import jax
+
+    from composer.metrics import MetricsWriter
+    from experiments import composer as composer_config
+
+    config = composer_config.get_config("tiny")
+    tok = tk.train_tokenizer([chat.render_text(_trajectory())] * 10 + ["assistant\n"] * 100, vocab_size=400)
+    data = SimpleNamespace(trajectories=[], tokenizer=tok)
+    writer = MetricsWriter(tmp_path)
+    try:
+        params, cfg = sft.run(config, tmp_path, data, writer)
+    finally:
+        writer.close()
+    assert cfg.vocab_size == config.model.vocab_size and jax.tree.leaves(params)
+    assert not (tmp_path / "checkpoints" / "sft").exists()  # nothing trained, nothing saved
