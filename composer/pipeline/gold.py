@@ -16,6 +16,7 @@ files), and neither has a task when search_replace or run_terminal_cmd is not of
 """
 
 import dataclasses
+import itertools
 import re
 import shlex
 
@@ -102,14 +103,16 @@ def _read_call(path: str, start: int, body: list[str], tools: tuple[str, ...] | 
 
 def _test_call(task) -> chat.ToolCall:
     ids = " ".join(shlex.quote(t) for t in task.FAIL_TO_PASS[:MAX_SHOWN_TESTS])
-    return chat.ToolCall("run_terminal_cmd", {"command": f"python -m pytest -q --tb=short {ids}",
+    # The variables test_cmd sets first (PYTHONPATH=src for a src/ layout) are needed to import the project.
+    words = shlex.split(task.test_cmd)
+    assigned = list(itertools.takewhile(lambda w: re.fullmatch(r"[A-Za-z_]\w*=.*", w), words))
+    prefix = "".join(shlex.quote(w) + " " for w in assigned)
+    return chat.ToolCall("run_terminal_cmd", {"command": f"{prefix}python -m pytest -q --tb=short {ids}",
                                               "is_background": False})  # fmt: skip
 
 
 def _sandbox_options(task) -> dict:
     """The task's own interpreter (env/tasks/environments.py) for a task that names an environment."""
-    if not getattr(task, "environment", None):
-        return {}
     from env.tasks import environments
 
     return {"python_env": environments.python_env(task)}
