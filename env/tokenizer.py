@@ -69,7 +69,12 @@ class Tokenizer:
         return self.token_id(chat.PAD)
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, split_closing_quotes: bool = False) -> Tokenizer:
+def train_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    split_closing_quotes: bool = False,
+    whole_words: tuple[str, ...] = (),
+) -> Tokenizer:
     """Trains a byte-level BPE of `vocab_size` ids (256 bytes + the chat special tokens + merges).
 
     The special tokens take ids 0..len(SPECIAL_TOKENS)-1. Texts are cut at special-token strings before
@@ -98,7 +103,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, split_closing_quotes:
     backend.decoder = hf.decoders.ByteLevel()
     special = [hf.AddedToken(t, special=True, normalized=False) for t in chat.SPECIAL_TOKENS]
     trainer = hf.trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=vocab_size - len(whole_words),
         special_tokens=special,
         initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -109,6 +114,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, split_closing_quotes:
             yield from (p for p in _SPECIAL_SPLIT.split(text) if p)
 
     backend.train_from_iterator(pieces(), trainer=trainer)
+    if whole_words:
+        backend.add_tokens([hf.AddedToken(w, special=False, normalized=False) for w in whole_words])
     return Tokenizer(backend)
 
 

@@ -22,10 +22,10 @@ import ml_collections
 from absl import logging
 from tqdm import tqdm
 
-from composer.pipeline import gold, rollouts, suites
+from composer.pipeline import gold, learner, rollouts, suites
 from env import chat
 from env import tasks as env_tasks
-from env.tokenizer import Tokenizer, train_tokenizer
+from env.tokenizer import Tokenizer
 from env.tools import offered_tools
 
 
@@ -249,9 +249,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: Path) -> Data:
         tokenizer = Tokenizer.load(tok_path)
     else:
         t0 = time.time()
-        tokenizer = train_tokenizer(
-            corpus(trajectories, train), config.model.vocab_size, config.model.split_closing_quotes
-        )
+        tokenizer = learner.fit_tokenizer(config, corpus(trajectories, train))
         tokenizer.save(tok_path)
         logging.info("DATA: tokenizer (vocab %d) trained in %.1f s", tokenizer.vocab_size, time.time() - t0)
     return Data(train, heldout, tokenizer, trajectories, heldout_expert, by_task)

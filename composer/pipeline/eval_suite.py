@@ -31,7 +31,7 @@ from absl import logging
 from composer import sharding
 from composer.pipeline import evaluate, isolation, learner, rl, rollouts, sft, suites
 from env import chat
-from env.tokenizer import Tokenizer, train_tokenizer
+from env.tokenizer import Tokenizer
 
 
 def check(config: ml_collections.ConfigDict) -> None:
@@ -74,17 +74,15 @@ def summarize(rewards: dict[str, list[float | None]]) -> dict:
 
 def _suite_tokenizer(config: ml_collections.ConfigDict, tasks: list, path: Path) -> Tokenizer:
     """A tokenizer for the random init with nothing in the workdir, kept at `path`: trained on the tasks'
-    openings (system prompt and report) and Python files, as DATA's corpus, and on the chat roles, which
-    the copy head's line keys need as one token each (learner.line_tokens) and which no trajectory here
-    repeats."""
+    openings (system prompt and report) and Python files, as DATA's corpus (learner.fit_tokenizer keeps the
+    assistant role one token, as the copy head's line keys need, though no trajectory here repeats it)."""
     if path.exists():
         return Tokenizer.load(path)
     from composer.pipeline.data import corpus
 
     system = rollouts.system_prompt(config)
     openings = [[system, chat.Message("user", t.problem_statement)] for t in tasks]
-    texts = corpus(openings, tasks) + ["\n".join(["assistant", "user", "system"] * 1000)]
-    tokenizer = train_tokenizer(texts, config.model.vocab_size, config.model.split_closing_quotes)
+    tokenizer = learner.fit_tokenizer(config, corpus(openings, tasks))
     path.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(path)
     return tokenizer

@@ -10,7 +10,7 @@ import numpy as np
 from absl import logging
 
 from composer import batching, copy_head, distributed, model, sharding, train
-from env.tokenizer import Tokenizer
+from env.tokenizer import Tokenizer, train_tokenizer
 
 
 @dataclasses.dataclass
@@ -67,6 +67,19 @@ def line_tokens(cfg: model.ModelConfig, tokenizer: Tokenizer) -> copy_head.LineT
     vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
     newlines = sorted(i for i in vocab.values() if "\n" in tokenizer.decode([i]))
     return copy_head.LineTokens(tokenizer.im_start_id, tokenizer.im_end_id, role[0], tuple(newlines))
+
+
+def fit_tokenizer(config: ml_collections.ConfigDict, texts: list[str]) -> Tokenizer:
+    """A tokenizer of config.model.vocab_size trained on `texts`. Where the copy head's line keys need the
+    assistant role as one token and the corpus did not merge it into one (a corpus of real code spends a
+    small vocabulary's merges elsewhere), it is trained again with the role as a whole-word token."""
+    model_config = config.model
+    tokenizer = train_tokenizer(texts, model_config.vocab_size, model_config.split_closing_quotes)
+    if len(tokenizer.encode(_ASSISTANT)) != 1:
+        tokenizer = train_tokenizer(
+            texts, model_config.vocab_size, model_config.split_closing_quotes, whole_words=(_ASSISTANT,)
+        )
+    return tokenizer
 
 
 def build(
