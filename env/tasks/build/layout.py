@@ -76,7 +76,9 @@ def _tests_in_package(pkg: Path, root: Path, depth: int = 0) -> list[str]:
     return found
 
 
-def detect(root: Path, tests: tuple[str, ...] = (), pythonpath: str | None = None) -> Layout:
+def detect(
+    root: Path, tests: tuple[str, ...] = (), pythonpath: str | None = None, name: str | None = None
+) -> Layout:
     """The layout of the project at `root`; `tests` and `pythonpath` override what is detected.
 
     Raises BuildError when no tests are found (an sdist that ships none, or tests under a name pytest does
@@ -103,13 +105,13 @@ def detect(root: Path, tests: tuple[str, ...] = (), pythonpath: str | None = Non
     inside = []
     for base in [root] + ([root / pythonpath] if pythonpath else []):
         for pkg in _packages(base):
-            if pkg.name not in NOT_CODE:
+            if pkg.name not in NOT_CODE and pkg.name not in TEST_DIR_NAMES:
                 inside.extend(_tests_in_package(pkg, root))
     if not found and not inside:
         raise BuildError(
-            f"{root.name}: the project ships no tests pytest would collect (no tests/ or test/ directory, "
-            "no test_*.py or *_test.py at the top or inside a package); name them with --tests, or build "
-            "from a checkout with --repo"
+            f"{name or root.name}: the project ships no tests pytest would collect (no tests/ or test/ "
+            "directory, no test_*.py or *_test.py at the top or inside a package); name them with --tests, "
+            "or build from a checkout with --repo"
         )
     kind = "src" if pythonpath == "src" else "package" if inside and not found else "root"
     return Layout(kind, tuple(found + inside), pythonpath)

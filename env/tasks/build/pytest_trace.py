@@ -10,6 +10,10 @@ with that directory on PYTHONPATH. At the end of the session it writes one JSON 
     calls                node id -> ["path/of/file.py::Qual.name", ...] (only with COMPOSER_TRACE=1): the
                          functions under the rootdir that ran during the test's setup, call and teardown
 
+With $COMPOSER_TRACE_EXIT_S set, a process still alive that many seconds after pytest is done (a thread left
+running by a test keeps the interpreter from exiting) writes "<report>.hung" and exits, so the caller learns
+that the test command does not end by itself without waiting for its own timeout.
+
 Tracing uses sys.settrace with 'call' events only (the trace function returns None, so no line events), and
 decides once per code object whether it belongs to the project.
 """
@@ -18,10 +22,12 @@ import json
 import os
 import sys
 import threading
+import time
 
 import pytest
 
 _OUT = os.environ.get("COMPOSER_TRACE_OUT")
+_EXIT_S = os.environ.get("COMPOSER_TRACE_EXIT_S")
 _TRACE = os.environ.get("COMPOSER_TRACE") == "1"
 _RANK = {"passed": 0, "xfail": 1, "skipped": 2, "failed": 3, "error": 4}
 _MESSAGE_CHARS = 2000
@@ -126,6 +132,19 @@ def pytest_collectreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _state["exitstatus"] = int(exitstatus)
     if _OUT:
         with open(_OUT, "w") as f:
-            json.dump(dict(_state, exitstatus=int(exitstatus)), f)
+            json.dump(_state, f)
+
+
+def pytest_unconfigure(config):
+    if _OUT and _EXIT_S:
+        threading.Thread(target=_watchdog, args=(float(_EXIT_S),), daemon=True).start()
+
+
+def _watchdog(seconds):
+    time.sleep(seconds)
+    with open(_OUT + ".hung", "w") as f:
+        f.write("the process did not exit after the tests ran\n")
+    os._exit(_state.get("exitstatus", 1))

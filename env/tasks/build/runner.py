@@ -19,6 +19,7 @@ from env.tasks.build.layout import Layout
 
 PLUGIN = "composer_build_trace"
 PYTEST = "python -m pytest -q -p no:cacheprovider"
+EXIT_S = 10  # how long a run may linger after its tests are done
 
 
 @dataclasses.dataclass
@@ -32,6 +33,7 @@ class Run:
     calls: dict[str, list[str]]
     seconds: float
     timed_out: bool
+    hung: bool  # the tests ran but the process did not exit by itself (see pytest_trace.py)
     output: str
 
     @property
@@ -40,8 +42,9 @@ class Run:
 
     @property
     def broken(self) -> bool:
-        """No report at all (the run crashed or timed out) or a file that could not be collected."""
-        return self.timed_out or not self.tests or bool(self.collection_errors)
+        """No report at all (the run crashed or timed out), a process that does not exit, or a file that
+        could not be collected."""
+        return self.timed_out or self.hung or not self.tests or bool(self.collection_errors)
 
 
 def test_cmd(layout: Layout, paths: list[str] | tuple[str, ...]) -> str:
@@ -71,12 +74,15 @@ class Runner:
         report = f"{self.tmp}/report.json"
         host_report = self.box.host_path(report)
         host_report.unlink(missing_ok=True)
+        hung = host_report.with_name(host_report.name + ".hung")
+        hung.unlink(missing_ok=True)
         pythonpath = ":".join(p for p in (self.layout.pythonpath, self.tmp) if p)
         env = {
             "PYTHONPATH": pythonpath,
             "PYTHONDONTWRITEBYTECODE": "1",
             "COMPOSER_TRACE_OUT": report,
             "COMPOSER_TRACE": "1" if trace else "0",
+            "COMPOSER_TRACE_EXIT_S": str(EXIT_S),
         }
         command = f"{PYTEST} -p {PLUGIN} " + " ".join(shlex.quote(p) for p in paths)
         t0 = time.perf_counter()
@@ -95,6 +101,7 @@ class Runner:
             calls=data.get("calls", {}),
             seconds=seconds,
             timed_out=result.timed_out,
+            hung=hung.exists(),
             output=result.output,
         )
 
