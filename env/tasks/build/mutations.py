@@ -16,6 +16,7 @@ text must parse to exactly the original tree with the intended change applied.
 
 import ast
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterator
 
 from env.tasks import families
@@ -73,6 +74,12 @@ def candidates(
     under an `if`) or the module does not parse."""
     if kind not in KINDS:
         raise ValueError(f"unknown mutation kind {kind!r}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # real modules parse with SyntaxWarnings (e.g. '\\s' in a string)
+        return _candidates(source, qualname, kind, callables)
+
+
+def _candidates(source: str, qualname: str, kind: str, callables: frozenset[str]) -> list[Candidate]:
     try:
         tree = ast.parse(source)
         families.find_function(tree, qualname)
@@ -128,22 +135,24 @@ def _char(text: str, starts: list[int], lineno: int, col: int) -> int:
 
 
 def _statements(fn: ast.FunctionDef) -> Iterator[tuple[list[ast.stmt], int]]:
-    """(block, index) of every statement in the function, outside nested functions and classes."""
-    stack: list[list[ast.stmt]] = [fn.body]
-    while stack:
-        block = stack.pop()
+    """(block, index) of every statement in the function in source order, outside nested functions and
+    classes."""
+
+    def walk(block: list[ast.stmt]) -> Iterator[tuple[list[ast.stmt], int]]:
         for i, stmt in enumerate(block):
             yield block, i
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 continue
-            for field in ("body", "orelse", "finalbody"):
-                inner = getattr(stmt, field, None)
-                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
-                    stack.append(inner)
-            for handler in getattr(stmt, "handlers", []):
-                stack.append(handler.body)
-            for case in getattr(stmt, "cases", []):
-                stack.append(case.body)
+            inner = [getattr(stmt, field, None) for field in ("body", "orelse", "finalbody")]
+            inner += [h.body for h in getattr(stmt, "handlers", [])] + [
+                c.body for c in getattr(stmt, "cases", [])
+            ]
+            for sub in sorted(
+                (b for b in inner if b and isinstance(b[0], ast.stmt)), key=lambda b: b[0].lineno
+            ):
+                yield from walk(sub)
+
+    yield from walk(fn.body)
 
 
 def _bound_names(fn: ast.FunctionDef) -> dict[str, int]:
