@@ -1,6 +1,7 @@
 """Which of the project's functions its passing tests exercise, from the baseline's traced run."""
 
 import ast
+import warnings
 from pathlib import Path
 
 from env.tasks.build.runner import Run
@@ -40,7 +41,9 @@ def callables(root: Path, sources: list[str]) -> frozenset[str]:
     names = set()
     for rel in sources:
         try:
-            tree = ast.parse((root / rel).read_text(encoding="utf-8"))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # SyntaxWarnings of the project's code are not ours
+                tree = ast.parse((root / rel).read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
         names.update(n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
