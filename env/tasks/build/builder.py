@@ -10,9 +10,10 @@
      (else: flaky), at most `max_failing` of them and not all (else: too broad);
    - nothing else changed: every other test that passed still passes, no test went missing or skipped, no
      file failed to collect and the run did not time out (else: error / timeout).
-   FAIL_TO_PASS is the failing tests, PASS_TO_PASS the other passing tests of those files, and test_cmd
-   runs exactly those files, so the grader reruns what was checked. Running the mutated tree twice here is
-   the flakiness check; `python -m env.tasks validate` checks the written tasks again (empty and gold patch).
+   FAIL_TO_PASS is the failing tests, PASS_TO_PASS the other passing tests of those files (both leave out
+   ids a junit report cannot give back, e.g. a parameter holding '::'), and test_cmd runs exactly those
+   files, so the grader reruns what was checked. Running the mutated tree twice here is the flakiness
+   check; `python -m env.tasks validate` checks the written tasks again (empty and gold patch).
 4. WRITE: repo/ is the project with the bug; `patch` is the diff back to the original (1-3 changed lines);
    the problem statement shows the failure (statement.py) and must not contain a line the patch adds.
 
@@ -143,7 +144,7 @@ class _Builder:
         gold = self.gold_run(runner, files)
         if gold.broken:
             return "error"
-        good = gold.passed
+        good = {t for t in gold.passed if coverage.gradable(t)}
         limit = max(10.0, 5 * gold.seconds + 5)
         runs = []
         for _ in range(2):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from env.tasks.build import layout, sources, statement
+from env.tasks.build import coverage, layout, sources, statement
 from env.tasks.build.sources import BuildError
 from env.tasks.diffs import make_diff
 
@@ -108,6 +108,13 @@ def test_pinned_spec():
     assert sources.parse_spec("toolz==1.0.0") == ("toolz", "1.0.0")
     with pytest.raises(BuildError, match="pinned"):
         sources.parse_spec("toolz>=1")
+
+
+def test_gradable_ids():
+    assert coverage.gradable("tests/test_a.py::test_x")
+    assert coverage.gradable("tests/test_a.py::TestA::test_x[1-a/b]")
+    assert not coverage.gradable("tests/test_a.py::test_url[http://[::1]:80/]")  # '::' in a parameter
+    assert not coverage.gradable("tests/test_a.py")
 
 
 FAILURE = {
