@@ -3,7 +3,8 @@
 1. BASELINE: the project's tests run once in the sandbox, in the task's environment, with the tracing plugin
    (pytest_trace.py): per-test outcomes and the project functions each test called.
 2. PICK: the covered functions are shuffled by `random.Random(seed)`; each round gives every function one
-   try: a mutation kind in seeded order that has candidates left, and one candidate of it drawn by the rng.
+   try: of the mutation kinds with candidates left in it, the one with the fewest tasks so far (ties in a
+   seeded order), and one candidate of that kind drawn by the rng.
 3. CHECK: the test files whose passing tests call the function run on the original (once per set of
    files, cached: the gold side) and twice on the mutated tree. The mutation is kept when
    - some tests that pass on the original fail (or error) on the mutated tree, the same ones both times
@@ -222,6 +223,7 @@ def _search(
     tried: set[tuple[str, str]] = set()
     exhausted: set[str] = set()
     tasks: list[str] = []
+    kinds_built: Counter = Counter()
     attempts = 0
     max_attempts = options.max_attempts or 25 * options.count
     while len(tasks) < options.count and attempts < max_attempts and len(exhausted) < len(keys):
@@ -236,17 +238,19 @@ def _search(
             original = texts[rel]
             kinds = list(options.kinds)
             rng.shuffle(kinds)
-            cand = None
+            left = {}
             for kind in kinds:
                 if (key, kind) not in found:
                     found[key, kind] = mutations.candidates(original, qualname, kind, callables)
-                left = [c for c in found[key, kind] if (key, c.source) not in tried]
-                if left:
-                    cand = rng.choice(left)
-                    break
-            if cand is None:
+                left[kind] = [c for c in found[key, kind] if (key, c.source) not in tried]
+            open_kinds = [k for k in kinds if left[k]]
+            if not open_kinds:
                 exhausted.add(key)
                 continue
+            # The kind with the fewest tasks so far (ties: the seeded order), so that the kinds that fit
+            # almost any function (negated conditions, dropped statements) do not crowd out the others.
+            kind = min(open_kinds, key=lambda k: kinds_built[k])
+            cand = rng.choice(left[kind])
             tried.add((key, cand.source))
             attempts += 1
             started = time.perf_counter()
@@ -267,6 +271,7 @@ def _search(
             instance_id = f"{_slug(project.name)}-{_slug(project.version)}-{len(tasks)}"
             _write_task(b, instance_id, rel, qualname, cand, patch, text, files, failing, passing)
             tasks.append(instance_id)
+            kinds_built[cand.kind] += 1
             b.log(
                 f"[{len(tasks)}/{options.count}] {instance_id} kind={cand.kind} {key} "
                 f"fail_to_pass={len(failing)} pass_to_pass={len(passing)} "
