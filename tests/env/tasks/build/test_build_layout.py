@@ -161,3 +161,13 @@ def test_statement_removes_the_workspace_path():
     failure = dict(FAILURE, exc="FileNotFoundError", message="/workspace/data/x.txt missing")
     text = statement.write(random.Random(0), ["t.py::a"], {"t.py::a": failure}, ["t.py"], 1, "", "/workspace")
     assert "FileNotFoundError: data/x.txt missing" in text and "/workspace" not in text
+
+
+def test_statement_leaves_out_what_changes_between_runs():
+    failure = dict(
+        FAILURE,
+        message="assert <a.B object at 0x7f3a2b1c9d10> == <test_x...x7ff87393e990>\n"
+        "/tmp/pytest-of-20001/pytest-7/test_a0/out.txt",
+    )
+    text = statement.write(random.Random(0), ["t.py::a"], {"t.py::a": failure}, ["t.py"], 1, "", "/workspace")
+    assert "<a.B object at 0x...> == <test_x...>" in text and "/tmp/pytest/test_a0/out.txt" in text
