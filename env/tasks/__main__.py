@@ -10,6 +10,12 @@
     python -m env.tasks solve --task DIR/ID [--chat]
         runs the scripted expert and prints the conversation (readable, or with --chat as the model sees
         it), then one JSON line {"instance_id", "reward", "n_turns", "family"}.
+    python -m env.tasks build (--pypi NAME==VERSION | --repo PATH) --out DIR --count N --seed S
+                              [--requirements R1,R2] [--tests P1,P2] [--pythonpath DIR] [--kinds K1,K2]
+                              [--max-failing M] [--no-environment]
+        builds up to N tasks from a real project (a PyPI sdist or a local checkout) by mutating functions
+        its tests cover (env/tasks/build/): one progress line per task, a summary line with the discards,
+        then one JSON line {"tasks", "attempts", "discarded": {...}, ..., "seconds", "tasks_per_minute"}.
 
 Exit status: 0 on success (for grade and solve: whatever the reward), 2 on bad arguments or tasks.
 """
@@ -114,6 +120,7 @@ def _build(args: argparse.Namespace) -> int:
         pythonpath=args.pythonpath,
         kinds=mutations.check_kinds(split(args.kinds)) or mutations.KINDS,
         max_failing=args.max_failing,
+        use_environment=not args.no_environment,
     )
     with tempfile.TemporaryDirectory(prefix="composer-build-") as work:
         dest = Path(work) / "project"
@@ -174,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pythonpath", default=None, help="import root of the code (default: src/ if present)")
     p.add_argument("--kinds", default="", help="comma-separated mutation kinds (default: all)")
     p.add_argument("--max-failing", type=int, default=10, help="most failing tests a bug may cause (10)")
+    p.add_argument(
+        "--no-environment",
+        action="store_true",
+        help="run the tests with this interpreter and its packages; the tasks name no environment",
+    )
     p.set_defaults(run=_build)
     args = parser.parse_args(argv)
     if getattr(args, "count", 1) < 0:

@@ -39,7 +39,7 @@ from env.tasks import environments
 from env.tasks.build import coverage, layout, mutations, statement
 from env.tasks.build.runner import Run, Runner, test_cmd
 from env.tasks.build.sources import BuildError, Project, copy_tree
-from env.tasks.diffs import make_diff
+from env.tasks.diffs import make_diff, parse_patch
 from env.tasks.task import TASK_FILE
 
 BUILDER_VERSION = 1
@@ -109,10 +109,9 @@ def _slug(text: str) -> str:
 
 
 def _patch_size(patch: str) -> tuple[int, int]:
-    lines = patch.splitlines()
-    removed = sum(1 for line in lines if line.startswith("-") and not line.startswith("---"))
-    added = sum(1 for line in lines if line.startswith("+") and not line.startswith("+++"))
-    return removed, added
+    """(lines removed, lines added) by `patch`."""
+    body = [line for fp in parse_patch(patch) for _, hunk in fp.hunks for line in hunk]
+    return sum(line[:1] == "-" for line in body), sum(line[:1] == "+" for line in body)
 
 
 class _Builder:
