@@ -18,6 +18,12 @@
     python -m env.tasks solve --task DIR/ID [--chat]
         runs the scripted expert and prints the conversation (readable, or with --chat as the model sees
         it), then one JSON line {"instance_id", "reward", "n_turns", "family"}.
+    python -m env.tasks build (--pypi NAME==VERSION | --repo PATH) --out DIR --count N --seed S
+                              [--requirements R1,R2] [--tests P1,P2] [--pythonpath DIR] [--kinds K1,K2]
+                              [--max-failing M] [--no-environment]
+        builds up to N tasks from a real project (a PyPI sdist or a local checkout) by mutating functions
+        its tests cover (env/tasks/build/): one progress line per task, a summary line with the discards,
+        then one JSON line {"tasks", "attempts", "discarded": {...}, ..., "seconds", "tasks_per_minute"}.
 
 Exit status: 0 on success (for grade and solve: whatever the reward; validate: 1 if a task fails), 2 on bad
 arguments or tasks.
@@ -127,6 +133,46 @@ def _solve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from env.tasks.build import builder, mutations, sources
+
+    if bool(args.pypi) == bool(args.repo):
+        raise ValueError("give exactly one of --pypi NAME==VERSION and --repo PATH")
+    split = lambda text: tuple(x.strip() for x in text.split(",") if x.strip())
+    options = builder.Options(
+        count=args.count,
+        seed=args.seed,
+        requirements=split(args.requirements),
+        tests=split(args.tests),
+        pythonpath=args.pythonpath,
+        kinds=mutations.check_kinds(split(args.kinds)) or mutations.KINDS,
+        max_failing=args.max_failing,
+        use_environment=not args.no_environment,
+    )
+    with tempfile.TemporaryDirectory(prefix="composer-build-") as work:
+        dest = Path(work) / "project"
+        if args.pypi:
+            project = sources.from_pypi(args.pypi, dest)
+        else:
+            project = sources.from_repo(args.repo, dest)
+        print(
+            f"building {args.count} tasks from {project.source} ({project.name} {project.version})",
+            flush=True,
+        )
+        summary = builder.build(project, Path(args.out), options, log=lambda line: print(line, flush=True))
+    data = summary.to_json()
+    discards = ", ".join(f"{k}={v}" for k, v in data["discarded"].items() if v) or "none"
+    print(
+        f"built {data['tasks']} of {args.count} tasks in {args.out} from {data['attempts']} mutations in "
+        f"{data['seconds']:.0f}s ({data['tasks_per_minute']} tasks per minute); discarded: {discards}",
+        flush=True,
+    )
+    print(json.dumps(data), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m env.tasks", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -164,6 +210,23 @@ def main(argv: list[str] | None = None) -> int:
         "--isolation", default="auto", help="sandbox isolation: auto (default), bwrap, unshare, none"
     )
     p.set_defaults(run=_solve)
+    p = commands.add_parser("build", help="build verified tasks from a real Python project")
+    p.add_argument("--pypi", default="", help="NAME==VERSION: build from this release's sdist")
+    p.add_argument("--repo", default="", help="build from this local checkout")
+    p.add_argument("--out", required=True, help="directory to write the tasks into")
+    p.add_argument("--count", type=int, required=True, help="number of tasks wanted")
+    p.add_argument("--seed", type=int, required=True, help="seed of the choice of functions and mutations")
+    p.add_argument("--requirements", default="", help="comma-separated extra requirements of the tests")
+    p.add_argument("--tests", default="", help="comma-separated test paths (default: detected)")
+    p.add_argument("--pythonpath", default=None, help="import root of the code (default: src/ if present)")
+    p.add_argument("--kinds", default="", help="comma-separated mutation kinds (default: all)")
+    p.add_argument("--max-failing", type=int, default=10, help="most failing tests a bug may cause (10)")
+    p.add_argument(
+        "--no-environment",
+        action="store_true",
+        help="run the tests with this interpreter and its packages; the tasks name no environment",
+    )
+    p.set_defaults(run=_build)
     args = parser.parse_args(argv)
     if getattr(args, "count", 1) < 0:
         parser.error("--count must not be negative")
