@@ -304,7 +304,7 @@ def _write_task(b: _Builder, instance_id, rel, qualname, cand, patch, text, file
             "file": rel,
             "function": qualname,
             "line": cand.line,
-            "seed": b.options.seed,
+            "build_seed": b.options.seed,
             "layout": b.layout.kind,
             "builder_version": BUILDER_VERSION,
         },
