@@ -144,13 +144,17 @@ def sandbox_env(
         "USER": "sandbox",
         "LOGNAME": "sandbox",
         "PYTHONDONTWRITEBYTECODE": "1",
-        # pytest would otherwise import the plugins of every package installed beside it (seconds per run).
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
         "PAGER": "cat",
         "GIT_PAGER": "cat",
     }
     if venv:
+        # A task's venv holds only what its tests need, pytest plugins included: they load as they would
+        # for the project's developers.
         env["VIRTUAL_ENV"] = venv
+    else:
+        # The project's interpreter: pytest would import the plugins of every package installed beside it
+        # (seconds per run).
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     if libs:
         env["LD_LIBRARY_PATH"] = ":".join(libs)
     env.update(extra or {})
