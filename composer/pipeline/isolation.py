@@ -1,10 +1,10 @@
 """The sandbox isolation of a run: resolved once at start-up, recorded in the workdir, the same on resume.
 
-What a tool returns depends on the isolation level (under bwrap the workspace is /workspace, under the
-weaker levels its host path), so trajectories recorded at one level and episodes run at another differ
-in the very tokens a model copies: an SFT model trained on one and evaluated on the other solved 0 of 200
-held-out tasks, against 92% when both saw the same path. A run therefore keeps the level its DATA phase
-recorded (workdir/isolation.json), and a rerun under another level stops with an error that names both.
+Commands see the workspace at /workspace under bwrap and unshare, but at its host path under 'none', and
+the levels differ in what else a command can see; trajectories recorded at one level and episodes run at
+another can differ in the very tokens a model copies (an SFT model trained on host paths and evaluated on
+/workspace solved 0 of 200 held-out tasks). A run therefore keeps the level its DATA phase recorded
+(workdir/isolation.json), and a rerun under another level stops with an error that names both.
 """
 
 import json
