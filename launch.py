@@ -14,6 +14,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from composer import distributed, run, xla_flags
+from composer.pipeline.isolation import IsolationMismatch
+from env.sandbox import IsolationUnavailable
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file[:variant].", lock_config=True
@@ -43,7 +45,10 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     workdir = _WORKDIR.value or f"runs/{config.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run.main(config, workdir, _MODE.value)
+    try:
+        run.main(config, workdir, _MODE.value)
+    except (IsolationUnavailable, IsolationMismatch) as e:
+        sys.exit(f"FATAL: {e}")  # what to install or which flag to pass: no traceback to read through
 
 
 if __name__ == "__main__":

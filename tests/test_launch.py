@@ -140,6 +140,7 @@ def test_a_workdir_recorded_under_another_isolation_level_is_refused_before_data
     r = _launch("--config=experiments/composer.py:tiny", "--mode=data", f"--workdir={workdir}")
     assert r.returncode != 0
     assert "'none'" in r.stderr and "--config.env.isolation=none" in r.stderr, r.stderr[-3000:]
+    assert "FATAL:" in r.stderr and "Traceback" not in r.stderr  # one message, not a stack to read through
     assert sorted(p.name for p in workdir.iterdir()) == ["isolation.json"]  # no task was generated
 
 
