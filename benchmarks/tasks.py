@@ -28,15 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> dict:
-    """Runs `python -m env.tasks ARGS` and returns its last line as JSON (exit status 1 of validate is a
-    result, not an error)."""
+    """Runs `python -m env.tasks ARGS` and returns its last line, as JSON where it is (exit status 1 of
+    validate is a result, not an error)."""
     done = subprocess.run(
         [sys.executable, "-m", "env.tasks", *args], cwd=ROOT, capture_output=True, text=True, check=False
     )
     if done.returncode not in (0, 1) or not done.stdout.strip():
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
         raise SystemExit(f"env.tasks {args[0]} failed with exit status {done.returncode}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    last = done.stdout.strip().splitlines()[-1]
+    return json.loads(last) if last.startswith("{") else {"line": last}
 
 
 def _validate(suite: Path, workers: int) -> dict:
