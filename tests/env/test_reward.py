@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from payloads import PASS_EVERYTHING_CONFTEST
 
 from env.reward import changed_files, grade, patch_similarity, read_outcomes, restore, source_diff
 from env.tasks import generate_task
@@ -125,23 +126,10 @@ def test_deleted_tests_are_restored(task, tmp_path):
     assert result.reward == 0.0 and {result.tests[t] for t in task.FAIL_TO_PASS} == {"failed"}
 
 
-CONFTEST = """
-import pytest
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    report.outcome = "passed"
-    report.longrepr = None
-"""
-
-
 @pytest.mark.parametrize("where", ["conftest.py", "tests/conftest.py"])
 def test_conftest_that_passes_everything(task, tmp_path, where):
     ws = _workspace(task, tmp_path, fixed=False)
-    (ws / where).write_text(CONFTEST)
+    (ws / where).write_text(PASS_EVERYTHING_CONFTEST)
     assert set(_plain_run(task, ws).values()) == {"passed"}
     result = grade(task, ws)
     assert result.reward == 0.0 and {result.tests[t] for t in task.FAIL_TO_PASS} == {"failed"}
@@ -152,7 +140,7 @@ def test_config_plugin_and_shadowing_module(task, tmp_path):
     # pytest.ini loads a plugin from the workspace (kept out of the package, so no source file is flagged).
     ws = _workspace(task, tmp_path, fixed=False)
     (ws / "pytest.ini").write_text("[pytest]\naddopts = -p passall\n")
-    (ws / "passall.py").write_text(CONFTEST)
+    (ws / "passall.py").write_text(PASS_EVERYTHING_CONFTEST)
     assert set(_plain_run(task, ws).values()) == {"passed"}
     result = grade(task, ws)
     assert result.reward == 0.0 and "[grading] removed pytest.ini" in result.output

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from payloads import PASS_EVERYTHING_CONFTEST
 
 from env.reward import grade, parse_summary, protected_files, read_outcomes
 from env.tasks.diffs import apply_patch, make_diff
@@ -36,17 +37,6 @@ class TestAdd:
         assert add(a, 0) == a and add(0, b) == b
 """
 INLINE = "from calc.core import neg\n\n\ndef test_neg_twice():\n    assert neg(neg(3)) == 3\n"
-CONFTEST = """
-import pytest
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    report.outcome = "passed"
-    report.longrepr = None
-"""
 WEAKENED = "def test_add():\n    pass\n\n\ndef test_neg():\n    pass\n"
 
 # layout -> (source file, {test file: text}, test_cmd, extra repository files)
@@ -135,7 +125,7 @@ def test_tampered_tests_and_an_added_conftest_are_undone(task, tmp_path):
 
         ws = _workspace(task, tmp_path / f"conftest{i}", fixed=False)
         conftest = str(Path(test_file).parent / "conftest.py")
-        (ws / conftest).write_text(CONFTEST)
+        (ws / conftest).write_text(PASS_EVERYTHING_CONFTEST)
         result = grade(task, ws)
         assert result.reward == 0.0 and f"[grading] removed {conftest}" in result.output
 

@@ -12,12 +12,12 @@ import dataclasses
 import os
 import re
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from payloads import PeakSampler
 
 from env.reward import grade
 from env.sandbox import Limits, Sandbox, detect_isolation, make_workspace, remove_workspace
@@ -104,27 +104,6 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
-class _Sampler:
-    """Samples, in a thread, how many processes hold `marker` in their command line."""
-
-    def __init__(self, marker: str):
-        self.marker, self.peak, self._stop = marker, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, len(_processes_with(self.marker)))
-            self._stop.wait(0.05)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
 def test_fork_bomb(task, isolated, workspace_of):
     bomb = f"bomb_{uuid.uuid4().hex[:12]}"  # in every forked shell's command line
     ws = _hostile(
@@ -132,7 +111,7 @@ def test_fork_bomb(task, isolated, workspace_of):
     )
     quick = dataclasses.replace(task, timeout_s=5.0)
     start = time.monotonic()
-    with _Sampler(bomb) as sampler:
+    with PeakSampler(lambda: len(_processes_with(bomb))) as sampler:
         result = grade(quick, ws, isolation="bwrap")
     elapsed = time.monotonic() - start
     assert result.reward == 0.0 and result.components["timed_out"] == 1.0

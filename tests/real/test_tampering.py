@@ -7,23 +7,12 @@ import re
 from pathlib import Path, PurePosixPath
 
 import pytest
+from payloads import PASS_EVERYTHING_CONFTEST
 
 from env.reward import grade, parse_summary
 from env.sandbox import Sandbox, make_workspace, remove_workspace
 from env.tasks import environments
 from env.tasks.task import Task
-
-CONFTEST = """
-import pytest
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    report.outcome = "passed"
-    report.longrepr = None
-"""
 
 
 @pytest.fixture(scope="module", params=["toolz", "cachetools"])
@@ -108,7 +97,7 @@ def test_a_conftest_that_passes_everything_is_removed_wherever_it_is(task, works
     assert len(places) == (3 if task.metadata["layout"] == "package" else 2)
     for where in places:
         ws = workspace_of(task, fixed=False)
-        (ws / where).write_text(CONFTEST)
+        (ws / where).write_text(PASS_EVERYTHING_CONFTEST)
         assert set(_plain_run(task, ws).values()) == {"passed"}, where
         result = grade(task, ws)
         assert result.reward == 0.0 and f"[grading] removed {where}" in result.output, where
@@ -118,7 +107,7 @@ def test_config_plugin_and_shadowing_module(task, workspace_of):
     # pytest.ini loads a plugin from the workspace.
     ws = workspace_of(task, fixed=False)
     (ws / "pytest.ini").write_text("[pytest]\naddopts = -p passall\n")
-    (ws / "passall.py").write_text(CONFTEST)
+    (ws / "passall.py").write_text(PASS_EVERYTHING_CONFTEST)
     assert set(_plain_run(task, ws).values()) == {"passed"}
     result = grade(task, ws)
     assert result.reward == 0.0 and "[grading] removed pytest.ini" in result.output

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from payloads import PeakSampler
 
 from env.sandbox import Limits, Sandbox, detect_isolation, make_workspace, remove_workspace
 from env.sandbox.slots import is_root, uid_processes
@@ -137,29 +138,8 @@ def run_hostile(
     return result, rest
 
 
-class _Sampler:
-    """Samples, in a thread, the number of processes of a uid, to check the process limits held."""
-
-    def __init__(self, uid: int):
-        self.uid, self.peak, self._stop = uid, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, len(uid_processes(self.uid)))
-            self._stop.wait(0.05)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
 def test_fork_bomb(sandbox):
-    with _Sampler(sandbox.uid) as sampler:
+    with PeakSampler(lambda: len(uid_processes(sandbox.uid))) as sampler:
         run_hostile(sandbox, "bomb() { bomb | bomb & }; bomb; sleep 30", timeout=2.0)
     if is_root():
         assert sampler.peak <= LIMITS.nproc + 2, sampler.peak  # + the launcher and bwrap's own processes

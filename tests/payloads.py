@@ -1,0 +1,40 @@
+"""Hostile payloads and probes shared by the grading and sandbox tests (importable: tests/conftest.py puts
+this directory on sys.path)."""
+
+import threading
+from collections.abc import Callable
+
+# A conftest.py that reports every test as passed: what grading must undo wherever pytest would load it.
+PASS_EVERYTHING_CONFTEST = """
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.longrepr = None
+"""
+
+
+class PeakSampler:
+    """Samples `count()` in a thread every 50 ms while the block runs; `peak` is the largest value seen
+    (e.g. the processes of a sandbox's uid during a fork bomb)."""
+
+    def __init__(self, count: Callable[[], int]):
+        self.count, self.peak, self._stop = count, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.count())
+            self._stop.wait(0.05)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
