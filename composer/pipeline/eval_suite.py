@@ -153,10 +153,7 @@ def run(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     params, cfg, tokenizer, model_name = load_model(config, workdir, tasks, workdir / "eval_suites" / name)
     out = workdir / "eval_suites" / f"{name}-{model_name}"
     n = config.eval.samples_per_task
-    sampler = rollouts.make_sampler(
-        config, params, cfg, tokenizer.im_end_id, line_tokens=learner.line_tokens(cfg, tokenizer),
-        temperature=config.eval.temperature, key=jax.random.key(config.seed + 1),
-    )  # fmt: skip
+    sampler = evaluate.eval_sampler(config, params, cfg, tokenizer)
     t0 = time.time()
     results = rollouts.one_episode_each(
         config, sampler, tokenizer, tasks, desc="EVAL", samples=n,

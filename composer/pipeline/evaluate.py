@@ -35,6 +35,14 @@ def episode_record(result) -> dict:
     }
 
 
+def eval_sampler(config: ml_collections.ConfigDict, params, cfg, tokenizer):
+    """The sampler of an EVAL: eval.temperature, and a key of its own (seed + 1) that no RL step draws."""
+    return rollouts.make_sampler(
+        config, params, cfg, tokenizer.im_end_id, line_tokens=learner.line_tokens(cfg, tokenizer),
+        temperature=config.eval.temperature, key=jax.random.key(config.seed + 1),
+    )  # fmt: skip
+
+
 def evaluate(
     config: ml_collections.ConfigDict, params, cfg, tokenizer, tasks: list, *, out: Path | None = None,
     expert: list | None = None,
@@ -51,10 +59,7 @@ def evaluate(
     if out is not None and out.exists():
         return json.loads(out.read_text())
     tasks = tasks[: config.eval.n_tasks]
-    sampler = rollouts.make_sampler(
-        config, params, cfg, tokenizer.im_end_id, line_tokens=learner.line_tokens(cfg, tokenizer),
-        temperature=config.eval.temperature, key=jax.random.key(config.seed + 1),
-    )  # fmt: skip
+    sampler = eval_sampler(config, params, cfg, tokenizer)
     t0 = time.time()
     results = rollouts.one_episode_each(
         config,
