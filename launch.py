@@ -16,6 +16,7 @@ from ml_collections import config_flags
 from composer import distributed, run, xla_flags
 from composer.pipeline.isolation import IsolationMismatch
 from env.sandbox import IsolationUnavailable
+from env.tasks.environments import EnvironmentMissing
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file[:variant].", lock_config=True
@@ -47,8 +48,8 @@ def main(argv: list[str]) -> None:
     workdir = _WORKDIR.value or f"runs/{config.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         run.main(config, workdir, _MODE.value)
-    except (IsolationUnavailable, IsolationMismatch) as e:
-        sys.exit(f"FATAL: {e}")  # what to install or which flag to pass: no traceback to read through
+    except (IsolationUnavailable, IsolationMismatch, EnvironmentMissing) as e:
+        sys.exit(f"FATAL: {e}")  # what to install, build or pass: no traceback to read through
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import ml_collections
 from absl import logging
 
 from env import tasks as env_tasks
+from env.tasks import environments
 
 
 def suite_order(suite: list) -> list:
@@ -28,10 +29,12 @@ def suite_order(suite: list) -> list:
 
 
 def load(path: str | Path) -> list:
-    """The suite at `path` in suite_order; an error naming the directory when it holds no task."""
+    """The suite at `path` in suite_order; an error naming the directory when it holds no task, or when an
+    environment its tasks name is not built (saying the prepare command)."""
     suite = suite_order(env_tasks.load_suite(Path(path).expanduser()))
     if not suite:
         raise ValueError(f"{path}: no task directories (each holds a task.json and repo/)")
+    environments.require_built(suite, path)
     return suite
 
 

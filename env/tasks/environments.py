@@ -182,6 +182,23 @@ def python_env(task, cache: Path | None = None) -> Path | None:
     return target
 
 
+def unbuilt(tasks: Iterable, cache: Path | None = None) -> list[str]:
+    """The venv names of the environments the tasks name that are not built yet."""
+    envs = {env for env in map(from_task, tasks) if env is not None}
+    return sorted(key(env) for env in envs if not is_built(env, cache))
+
+
+def require_built(tasks: list, suite: Path | str, cache: Path | None = None) -> None:
+    """Raises EnvironmentMissing, with the command that builds them, when a task's environment is not
+    built: before a run starts, not as an error in every episode."""
+    missing = unbuilt(tasks, cache)
+    if missing:
+        raise EnvironmentMissing(
+            f"{suite}: {len(missing)} task environment(s) not built ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}); run: python -m env.tasks prepare {suite}"
+        )
+
+
 def prepare(
     tasks: Iterable, cache: Path | None = None, log: Callable[[str], None] = print
 ) -> dict[str, list[str]]:

@@ -75,3 +75,30 @@ def test_a_suite_directory_gives_the_train_and_held_out_tasks(suite_dir, tmp_pat
 def test_an_empty_suite_directory_is_an_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match=str(tmp_path)):
         suites.load(tmp_path)
+
+
+def test_a_suite_whose_environments_are_not_built_fails_to_load_saying_the_prepare_command(
+    tmp_path, monkeypatch
+):
+    # Before a run starts, not as an error in every episode.
+    suite = tmp_path / "suite"
+    repo = suite / "t1" / "repo"
+    repo.mkdir(parents=True)
+    task = {
+        "instance_id": "t1", "problem_statement": "p", "test_cmd": "python -m pytest -q",
+        "FAIL_TO_PASS": ["test_a.py::test_a"], "PASS_TO_PASS": [], "patch": "", "test_patch": "",
+        "timeout_s": 10, "environment": {"requirements": ["pytest"]},
+    }  # fmt: skip
+    (suite / "t1" / "task.json").write_text(json.dumps(task))
+    monkeypatch.setenv("COMPOSER_ENV_CACHE", str(tmp_path / "empty-cache"))
+    from env.tasks.environments import EnvironmentMissing
+
+    with pytest.raises(
+        EnvironmentMissing, match=f"1 task environment.*run: python -m env.tasks prepare {suite}"
+    ):
+        suites.load(suite)
+    task["environment"] = {}
+    (suite / "t1" / "task.json").write_text(json.dumps(task))
+    assert [t.instance_id for t in suites.load(suite)] == [
+        "t1"
+    ]  # the project's interpreter: nothing to build
