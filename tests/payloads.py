@@ -1,6 +1,7 @@
 """Hostile payloads and probes shared by the grading and sandbox tests (importable: tests/conftest.py puts
 this directory on sys.path)."""
 
+import os
 import threading
 from collections.abc import Callable
 
@@ -38,3 +39,22 @@ class PeakSampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+
+def live_pids(keep: Callable[[str], bool]) -> list[int]:
+    """Host pids of live (not zombie) processes for which `keep(pid)` holds (pid as /proc names it); a
+    process that ends while it is looked at, or that `keep` cannot read, is left out."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if not keep(entry.name):
+                continue
+            with open(f"/proc/{entry.name}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(entry.name))
+    return found

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from payloads import PeakSampler
+from payloads import PeakSampler, live_pids
 
 from env.reward import grade
 from env.sandbox import Limits, Sandbox, detect_isolation, make_workspace, remove_workspace
@@ -86,22 +86,13 @@ def _hostile(task: Task, workspace_of, payload: str) -> Path:
 
 
 def _processes_with(marker: str) -> list[int]:
-    """Host pids of live (not zombie) processes whose command line holds `marker`."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                if marker.encode() not in f.read():
-                    continue
-            with open(f"/proc/{entry.name}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(entry.name))
-    return found
+    """Host pids of live processes whose command line holds `marker`."""
+
+    def holds(pid: str) -> bool:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return marker.encode() in f.read()
+
+    return live_pids(holds)
 
 
 def test_fork_bomb(task, isolated, workspace_of):

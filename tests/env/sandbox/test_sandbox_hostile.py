@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from payloads import PeakSampler
+from payloads import PeakSampler, live_pids
 
 from env.sandbox import Limits, Sandbox, detect_isolation, make_workspace, remove_workspace
 from env.sandbox.slots import is_root, uid_processes
@@ -89,21 +89,8 @@ def sandbox(workspace, monkeypatch):
 
 
 def _namespace_processes(pid_ns: str) -> list[int]:
-    """Host pids of processes still in the pid namespace `pid_ns` (zombies excluded)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.readlink(f"/proc/{entry.name}/ns/pid") != pid_ns:
-                continue
-            with open(f"/proc/{entry.name}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            found.append(int(entry.name))
-    return found
+    """Host pids of live processes still in the pid namespace `pid_ns`."""
+    return live_pids(lambda pid: os.readlink(f"/proc/{pid}/ns/pid") == pid_ns)
 
 
 def _tree(pid: int) -> set[int]:
