@@ -173,23 +173,22 @@ def _trajectories(
     return [(r.get("instance_id"), [chat.message_from_dict(m) for m in r["messages"]]) for r in records]
 
 
-# The tokenizer's corpus takes the Python files of the first CORPUS_TASKS train tasks, each distinct text
-# once, up to CORPUS_CHARS characters: tasks of one repository share most files, and a real repository
-# is far larger than a generated one.
+# The tokenizer's corpus takes the Python files of the first CORPUS_TASKS train tasks (a file shared by
+# several tasks counts once per task, as it appears in their episodes), up to CORPUS_CHARS characters: a
+# real repository is far larger than a generated one, whose corpus stays well under the cap.
 CORPUS_TASKS = 50
-CORPUS_CHARS = 50_000_000
+CORPUS_CHARS = 20_000_000
 
 
 def corpus(trajectories: list[list[chat.Message]], tasks: list) -> list[str]:
     """The tokenizer's training texts: the trajectories as the model sees them, and the tasks' code."""
     texts = [chat.render_text(t) for t in trajectories]
-    seen, size = set(), 0
+    size = 0
     for task in tasks[:CORPUS_TASKS]:
         for p in sorted(task.repo.rglob("*.py")):
             text = p.read_text(errors="replace")
-            if text in seen or size + len(text) > CORPUS_CHARS:
-                continue
-            seen.add(text)
+            if size + len(text) > CORPUS_CHARS:
+                return texts
             size += len(text)
             texts.append(text)
     return texts
