@@ -255,7 +255,7 @@ def _step_metrics(batch: list[list], rewards: np.ndarray, counts, stats: dict, b
         "error_turns_per_episode": float(np.mean([len(r.error_spans) for r in flat])),
         "patch_similarity": float(np.mean([r.components.get("patch_similarity", 0.0) for r in flat])),
         **{k: stats[k] for k in ("occupancy", "tokens_per_s", "prefill_share")},
-        **{k: stats[k] - before[k] for k in ("reused_tokens", "shared_prompts")},
+        **{k: stats[k] - before[k] for k in ("reused_tokens", "shared_prompts", "tokens_generated")},
         **{k: float(v) for k, v in counts.items()},
     }
 
@@ -323,7 +323,8 @@ def run(
     sampler.update_params(learner.params, progress.version)
     engine = rollouts.VersionedEngine(sampler)
     start, stream = progress.stream_position, _stream(config, data, progress)
-    before = {"reused_tokens": 0, "shared_prompts": 0}  # the sampler's counts at the last LOG
+    # The sampler's counts at the last LOG: each step logs what it added to them.
+    before = dict.fromkeys(("reused_tokens", "shared_prompts", "tokens_generated"), 0)
     t_phase = time.time()
     with (
         rollouts.pool(config) as pool,
