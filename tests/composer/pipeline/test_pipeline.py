@@ -180,7 +180,9 @@ def test_tiny_pipeline_trains_on_a_suite_directory_and_evaluates_on_it(suite_dir
     out = log.read_text()
     assert proc.returncode == 0, out[-5000:]
     assert "5 train tasks, 1 held out" in out, out[-5000:]
-    assert [r["step"] for r in read_metrics(workdir, "rl")] == [1, 2]
+    steps = read_metrics(workdir, "rl")
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["tokens_generated"] > 0 for r in steps)  # each step's own generation (benchmarks/rl_step.py)
     records = [json.loads(x) for x in (workdir / "sft_data.jsonl").read_text().splitlines()]
     assert {r["source"] for r in records} == {
         "expert",
