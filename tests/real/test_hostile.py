@@ -100,7 +100,9 @@ def test_fork_bomb(task, isolated, workspace_of):
     ws = _hostile(
         task, workspace_of, f'import os\nos.system("{bomb}() {{ {bomb} | {bomb} & }}; {bomb}; sleep 30")\n'
     )
-    quick = dataclasses.replace(task, timeout_s=5.0)
+    # Long enough for pytest to start and import the module on a loaded machine (at 5 s, with another
+    # test run beside it, the bomb was sometimes never reached); the bomb then runs until the timeout.
+    quick = dataclasses.replace(task, timeout_s=12.0)
     start = time.monotonic()
     with PeakSampler(lambda: len(_processes_with(bomb))) as sampler:
         result = grade(quick, ws, isolation="bwrap")
