@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from env.reward import TEST_DIR_NAMES, grade, is_test_file
 from env.tasks.diffs import apply_patch, parse_patch, patch_paths
 from env.tasks.task import Task
 
 CHECKS = ("empty", "gold", "flaky", "tests", "statement")
-TEST_DIRS = ("tests", "test", "testing")
 # Added lines shorter than this (a bare `return`, `else:`, a bracket) say nothing about the fix.
 MIN_REVEALING_CHARS = 8
 
@@ -48,12 +48,7 @@ def is_test_path(rel: str, task: Task) -> bool:
     if task.test_patch:
         named |= set(patch_paths(task.test_patch))
     path = PurePosixPath(rel)
-    return (
-        rel in named
-        or path.name == "conftest.py"
-        or (path.suffix == ".py" and (path.stem.startswith("test_") or path.stem.endswith("_test")))
-        or any(part in TEST_DIRS for part in path.parts[:-1])
-    )
+    return rel in named or is_test_file(path.name) or any(part in TEST_DIR_NAMES for part in path.parts[:-1])
 
 
 def revealed_lines(task: Task) -> list[str]:
@@ -70,7 +65,6 @@ def revealed_lines(task: Task) -> list[str]:
 
 
 def validate_task(task: Task, isolation: str = "auto") -> Validation:
-    from env.reward import grade
     from env.sandbox import make_workspace, remove_workspace
 
     t0 = time.perf_counter()

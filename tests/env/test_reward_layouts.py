@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from payloads import PASS_EVERYTHING_CONFTEST
 
-from env.reward import grade, parse_summary, protected_files, read_outcomes
+from env.outcomes import parse_summary
+from env.reward import grade, protected_files, read_outcomes
 from env.tasks.diffs import apply_patch, make_diff
 from env.tasks.task import Task, load_task, save_task
 

@@ -9,7 +9,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 from payloads import PASS_EVERYTHING_CONFTEST
 
-from env.reward import grade, parse_summary
+from env.outcomes import parse_summary
+from env.reward import grade
 from env.sandbox import Sandbox, make_workspace, remove_workspace
 from env.tasks import environments
 from env.tasks.task import Task
