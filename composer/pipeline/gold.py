@@ -24,6 +24,7 @@ from env import chat
 from env.reward import grade
 from env.rollout.driver import INSTRUCTIONS
 from env.sandbox import Limits, Sandbox, make_workspace, remove_workspace
+from env.tasks import environments
 from env.tasks.diffs import PatchError, parse_patch
 from env.tools import ToolContext, execute_parallel, first_edit_after_read, tool_schemas
 
@@ -111,13 +112,6 @@ def _test_call(task) -> chat.ToolCall:
                                               "is_background": False})  # fmt: skip
 
 
-def _sandbox_options(task) -> dict:
-    """The task's own interpreter (env/tasks/environments.py) for a task that names an environment."""
-    from env.tasks import environments
-
-    return {"python_env": environments.python_env(task)}
-
-
 def solve(task, *, tools: tuple[str, ...] | None = None, isolation: str = "auto") -> Trajectory:
     """The gold trajectory of `task` (see `applicable`) with the offered `tools` (None: all), graded."""
     reason = applicable(task, tools)
@@ -132,8 +126,8 @@ def solve(task, *, tools: tuple[str, ...] | None = None, isolation: str = "auto"
     errors = 0
     workspace = make_workspace(task.repo)
     try:
-        limits = Limits(timeout_s=task.timeout_s)
-        with Sandbox(workspace, limits=limits, isolation=isolation, **_sandbox_options(task)) as box:
+        limits, venv = Limits(timeout_s=task.timeout_s), environments.python_env(task)
+        with Sandbox(workspace, limits=limits, isolation=isolation, python_env=venv) as box:
             ctx = ToolContext(workspace, box, tools=tools)
 
             def turn(text: str, calls: list[chat.ToolCall]) -> list:
