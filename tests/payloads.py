@@ -5,6 +5,9 @@ import os
 import threading
 from collections.abc import Callable
 
+HOST_PID_NS = os.readlink("/proc/self/ns/pid")
+HOST_NET_NS = os.readlink("/proc/self/ns/net")
+
 # A conftest.py that reports every test as passed: what grading must undo wherever pytest would load it.
 PASS_EVERYTHING_CONFTEST = """
 import pytest
@@ -58,3 +61,15 @@ def live_pids(keep: Callable[[str], bool]) -> list[int]:
             continue
         found.append(int(entry.name))
     return found
+
+
+def namespace_problem(uid: str, pid_ns: str, net_ns: str) -> str | None:
+    """Why a sandbox whose commands report this uid and these namespaces is not fit for hostile code, or
+    None: it must not be root inside nor share the host's pid or network namespace."""
+    if uid == "0":
+        return "the sandbox runs as root inside"
+    if pid_ns == HOST_PID_NS:
+        return "the sandbox shares the host's pid namespace"
+    if net_ns == HOST_NET_NS:
+        return "the sandbox shares the host's network namespace"
+    return None

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from payloads import PeakSampler, live_pids
+from payloads import PeakSampler, live_pids, namespace_problem
 
 from env.reward import grade
 from env.sandbox import Limits, Sandbox, detect_isolation, make_workspace, remove_workspace
@@ -26,8 +26,6 @@ from env.tasks.task import Task
 
 pytestmark = pytest.mark.hostile
 
-HOST_PID_NS = os.readlink("/proc/self/ns/pid")
-HOST_NET_NS = os.readlink("/proc/self/ns/net")
 CANARY = f"composer-canary-{uuid.uuid4().hex}"
 # The payload ends by raising this, so the test output shows what it did (and the tests error: reward 0).
 REPORT = "HOSTILE-REPORT"
@@ -59,12 +57,9 @@ def _isolation_problem(task: Task, tmp_path: Path) -> str | None:
     if probe.exit_code != 0 or len(fields) < 4:
         return f"isolation probe failed: {probe.output!r}"
     uid, pid_ns, net_ns, init = fields[:4]
-    if uid == "0":
-        return "the sandbox runs as root inside"
-    if pid_ns == HOST_PID_NS:
-        return "the sandbox shares the host's pid namespace"
-    if net_ns == HOST_NET_NS:
-        return "the sandbox shares the host's network namespace"
+    problem = namespace_problem(uid, pid_ns, net_ns)
+    if problem:
+        return problem
     if os.path.basename(init.split(" ")[0]) != "bwrap":
         return f"pid 1 inside is {init!r}, not bwrap"
     return None
@@ -98,11 +93,15 @@ def _processes_with(marker: str) -> list[int]:
 def test_fork_bomb(task, isolated, workspace_of):
     bomb = f"bomb_{uuid.uuid4().hex[:12]}"  # in every forked shell's command line
     ws = _hostile(
-        task, workspace_of, f'import os\nos.system("{bomb}() {{ {bomb} | {bomb} & }}; {bomb}; sleep 30")\n'
-    )
-    # Long enough for pytest to start and import the module on a loaded machine (at 5 s, with another
-    # test run beside it, the bomb was sometimes never reached); the bomb then runs until the timeout.
-    quick = dataclasses.replace(task, timeout_s=12.0)
+        task, workspace_of,
+        # bash, which retries a fork the process limit refused: the bomb's processes stay for the sampler to
+        # see (sh gives up, and the bomb can collapse between two samples).
+        "import subprocess\n"
+        f'subprocess.run(["bash", "-c", "{bomb}() {{ {bomb} | {bomb} & }}; {bomb}; sleep 30"])\n',
+    )  # fmt: skip
+    # Long enough for pytest to start and import the module on a loaded machine; the bomb then runs until
+    # the timeout.
+    quick = dataclasses.replace(task, timeout_s=8.0)
     start = time.monotonic()
     with PeakSampler(lambda: len(_processes_with(bomb))) as sampler:
         result = grade(quick, ws, isolation="bwrap")

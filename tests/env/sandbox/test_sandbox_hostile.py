@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from payloads import PeakSampler, live_pids
+from payloads import HOST_PID_NS, PeakSampler, live_pids, namespace_problem
 
 from env.sandbox import Limits, Sandbox, detect_isolation, make_workspace, remove_workspace
 from env.sandbox.slots import is_root, uid_processes
@@ -37,8 +37,6 @@ LIMITS = Limits(
     workspace_mb=16,
     tmp_mb=8,
 )
-HOST_PID_NS = os.readlink("/proc/self/ns/pid")
-HOST_NET_NS = os.readlink("/proc/self/ns/net")
 CANARY = f"composer-canary-{uuid.uuid4().hex}"
 
 
@@ -51,13 +49,7 @@ def _isolation_problem(sandbox: Sandbox) -> str | None:
     if probe.exit_code != 0 or len(fields) != 3:
         return f"isolation probe failed: {probe.output!r}"
     uid, pid_ns, net_ns = fields
-    if uid == "0":
-        return "the sandbox runs as root inside"
-    if pid_ns == HOST_PID_NS:
-        return "the sandbox shares the host's pid namespace"
-    if net_ns == HOST_NET_NS:
-        return "the sandbox shares the host's network namespace"
-    return None
+    return namespace_problem(uid, pid_ns, net_ns)
 
 
 @pytest.fixture
