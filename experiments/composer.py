@@ -108,7 +108,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
         samples_per_task=1,  # --mode=eval on eval.tasks: episodes a task for pass@k (> 1: temperature > 0)
         temperature=0.0,  # 0: greedy
         episode_timeout_s=900.0,  # a safety cap: EVAL grades, nothing waits on an episode
-        every_steps=20,
+        every_steps=20,  # RL steps between points of the held-out curve (0: none but its two ends)
+        curve_tasks=24,  # the curve's fixed subset: the first this many held-out tasks (0: no curve)
+        pass_k_tasks=0,  # held-out tasks for the SFT model's pass@k, k = rl.group_size (0: off)
         next_call_tasks=12,  # held-out expert trajectories scored by turn (0: off)
     )
     c.checkpoint = _values(
@@ -168,6 +170,7 @@ def _rl() -> ConfigDict:
         tis_cap=2.0,  # truncated importance sampling between sampler and learner log-probs
         mask_truncated=True,  # truncated episodes out of the loss
         max_staleness=1,
+        overlap_update=False,  # one batch's update beside the next batch's rollouts (composer/pipeline/rl.py)
         expert_start_share=0.5,  # tasks whose episodes continue the expert's conversation before its edit
         expert_guidance=True,  # each group takes the expert's continuation as one more member
         dynamic_sampling=True,  # drop (and replace) groups whose rewards are all equal
@@ -210,7 +213,7 @@ def _tiny(c: ConfigDict) -> None:
     c.rl.update(steps=2, tasks_per_step=2, group_size=2, dynamic_sampling=False, skip_no_signal_updates=False)
     c.sampling.update(decode_slots=4, max_turn_tokens=64)
     c.env.update(n_train_tasks=8, n_heldout_tasks=4, max_turns=4, max_episode_tokens=2048)
-    c.eval.update(n_tasks=4, next_call_tasks=2)
+    c.eval.update(n_tasks=4, next_call_tasks=2, every_steps=2, curve_tasks=2)
     c.checkpoint.update(every_steps=1, rl_every_steps=1)
     c.optim.warmup_steps = 2
 

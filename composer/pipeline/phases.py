@@ -9,8 +9,8 @@ import ml_collections
 from absl import logging
 
 from composer.metrics import MetricsWriter, plot_curves
+from composer.pipeline import curve, headroom, isolation, rl, sft
 from composer.pipeline import data as data_lib
-from composer.pipeline import isolation, rl, sft
 from composer.pipeline.evaluate import evaluate
 from composer.pipeline.next_call import TURN_KEY
 
@@ -74,7 +74,9 @@ def flips(before: dict, after: dict) -> tuple[int, int] | None:
     return len(solved_before - solved_after), len(solved_after - solved_before)
 
 
-def summary_table(before: dict, after: dict) -> str:
+def summary_table(before: dict, after: dict, pass_k: dict | None = None) -> str:
+    """The SFT and RL models side by side: EVAL's rows, the sign test of their solved tasks and, with
+    `pass_k` (headroom.measure of the SFT model), the sampled pass@1 and pass@k RL starts from."""
     lines = [f"{'':32} {'SFT':>10} {'SFT+RL':>10}"]
     for title, key, fmt in SUMMARY_ROWS:
         if key not in before or key not in after:  # next-call accuracy is off with eval.next_call_tasks=0
@@ -94,6 +96,10 @@ def summary_table(before: dict, after: dict) -> str:
         lost, gained = flips(before, after)
         lines.append(f"{'  solved by this model only':32} {lost:>10} {gained:>10}")
         lines.append(f"{'  sign test, p (two-sided)':32} {sign_test(lost, gained):>21.3f}")
+    if pass_k:
+        n, k = pass_k["pass_k_tasks"], pass_k["pass_k"]
+        lines.append(f"{f'sampled pass@1, first {n} tasks':32} {pass_k['sampled_pass_at_1']:>10.1%}")
+        lines.append(f"{f'sampled pass@{k}, first {n} tasks':32} {pass_k['pass_at_k']:>10.1%}")
     turns = sorted(int(k.removeprefix(TURN_KEY)) for k in before if k.startswith(TURN_KEY))
     for title, d in (("SFT", before), ("SFT+RL", after)) if turns else ():
         cells = (f"{t}:{d[TURN_KEY + str(t)]:.0%}" if TURN_KEY + str(t) in d else f"{t}:-" for t in turns)
@@ -124,7 +130,12 @@ def run_pipeline(config: ml_collections.ConfigDict, workdir: Path, only: str | N
             _phase("EVAL (SFT model)")
             before = evaluate(config, sft_params, cfg, data.tokenizer, data.heldout_tasks,
                               out=workdir / "eval_sft.json", expert=data.heldout_expert)  # fmt: skip
-            writer.write("eval", 0, before)
+            subset = curve.tasks(config, data.heldout_tasks)
+            writer.write("eval", 0, {**before, **curve.from_eval(before, subset)})
+            sft_pass_k = headroom.measure(config, sft_params, cfg, data.tokenizer, data.heldout_tasks,
+                                          out=workdir / "eval_sft_pass_k.json")  # fmt: skip
+            if sft_pass_k:
+                writer.write("eval", 0, sft_pass_k)
         rl_step, rl_out = config.rl.steps, workdir / "eval_rl.json"
         if only == "eval":
             # Evaluation never trains: the RL model is the latest RL checkpoint, if there is one. One taken
@@ -146,21 +157,25 @@ def run_pipeline(config: ml_collections.ConfigDict, workdir: Path, only: str | N
         after = evaluate(
             config, rl_params, cfg, data.tokenizer, data.heldout_tasks, out=rl_out, expert=data.heldout_expert
         )
-        writer.write("eval", rl_step, after)
+        writer.write(
+            "eval", rl_step, {**after, **curve.from_eval(after, curve.tasks(config, data.heldout_tasks))}
+        )
     finally:
         writer.close()
     curves = {
         "RL reward": ("rl", "reward_all"),
         "held-out solve rate": ("eval", "solve_rate"),
+        "held-out solve rate, fixed subset": ("eval", curve.KEY),
         "held-out patch similarity": ("eval", "patch_similarity"),
     }
     plot_curves(workdir, curves, "curves.png")
     plot_curves(workdir, {"SFT loss": ("sft", "loss"), "RL loss": ("rl", "loss")}, "losses.png")
-    table = summary_table(before, after)
+    table = summary_table(before, after, sft_pass_k)
     wall = time.time() - t0
     text = f"{table}\n\nwall time {wall / 60:.1f} min (this invocation), workdir {workdir}"
     (workdir / "summary.txt").write_text(text + "\n")
-    (workdir / "summary.json").write_text(json.dumps({"sft": before, "rl": after, "wall_s": wall}, indent=1))
+    summary = {"sft": before, "sft_pass_k": sft_pass_k, "rl": after, "wall_s": wall}
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=1))
     _phase("SUMMARY")
     print(text, flush=True)
     return {"sft": before, "rl": after}

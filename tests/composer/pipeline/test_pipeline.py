@@ -63,7 +63,8 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(sft_run, jax_cache, tmp_path)
     workdir = _copy(sft_run, tmp_path)
     # First run: kill -9 as soon as the first RL checkpoint is complete.
     log = tmp_path / "first.log"
-    proc = _launch(workdir, log, *DATA, cache=jax_cache)
+    # With the SFT model's pass@k on 2 held-out tasks, which the tiny config leaves off.
+    proc = _launch(workdir, log, *DATA, "--config.eval.pass_k_tasks=2", cache=jax_cache)
     deadline = time.time() + 600
     rl_ckpt = workdir / "checkpoints" / "rl"
     while time.time() < deadline and proc.poll() is None:
@@ -77,7 +78,7 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(sft_run, jax_cache, tmp_path)
     assert steps_before, "RL logged nothing before the kill"
     # Rerun with the same workdir: DATA and SFT are skipped, RL resumes after its last checkpoint.
     log = tmp_path / "second.log"
-    proc = _launch(workdir, log, *DATA, cache=jax_cache)
+    proc = _launch(workdir, log, *DATA, "--config.eval.pass_k_tasks=2", cache=jax_cache)
     proc.wait(timeout=900)
     out = log.read_text()
     assert proc.returncode == 0, out[-5000:]
@@ -94,6 +95,17 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(sft_run, jax_cache, tmp_path)
         # Next-call accuracy from the expert's prefixes on 2 held-out tasks (about 4 scored turns each).
         assert summary[phase]["next_call_turns"] >= 2 and 0.0 <= summary[phase]["next_call_accuracy"] <= 1.0
     assert "held-out solve rate" in out and "next call right (expert prefix)" in out
+    # The held-out curve on its fixed subset (2 tasks): SFT's end and RL's read off the full EVALs, and the
+    # point between measured after RL step 2 (eval.every_steps); each a rate over the same 2 tasks.
+    curve = {r["step"]: r for r in read_metrics(workdir, "eval") if "curve_solve_rate" in r}
+    assert sorted(curve) == [0, 2, 4]
+    assert all(r["curve_tasks"] == 2 and r["curve_solve_rate"] in (0.0, 0.5, 1.0) for r in curve.values())
+    assert "curve_wall_s" in curve[2] and "curve_wall_s" not in curve[0]
+    # The SFT model's headroom: k = rl.group_size (2) sampled episodes on each of 2 held-out tasks.
+    pass_k = summary["sft_pass_k"]
+    assert pass_k["pass_k"] == 2 and pass_k["pass_k_tasks"] == 2
+    assert 0.0 <= pass_k["sampled_pass_at_1"] <= pass_k["pass_at_k"] <= 1.0
+    assert "sampled pass@2, first 2 tasks" in out
     names = (
         "curves.png",
         "losses.png",
