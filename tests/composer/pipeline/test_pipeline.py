@@ -120,13 +120,14 @@ def test_tiny_pipeline_runs_and_resumes_after_kill(sft_run, jax_cache, tmp_path)
 
 @pytest.mark.slow
 def test_tiny_pipeline_with_the_ray_pool_and_ppo(sft_run, jax_cache, tmp_path):
-    # PPO with a KL term to the SFT model, sampling below temperature 1, on all 12 train tasks.
+    # PPO with a KL term to the SFT model, sampling below temperature 1, on all 12 train tasks; each update
+    # in a thread beside the next batch's rollouts (rl.overlap_update).
     pytest.importorskip("ray", reason="the Ray backend needs ray (requirements.txt installs it)")
     workdir, log = _copy(sft_run, tmp_path), tmp_path / "run.log"
     proc = _launch(
         workdir, log, "--config.env.n_train_tasks=12", "--config.rl.steps=2",
         "--config.env.rollout_backend=ray", "--config.rl.algorithm=gae", "--config.rl.kl_coef=0.05",
-        "--config.sampling.temperature=0.8", cache=jax_cache,
+        "--config.sampling.temperature=0.8", "--config.rl.overlap_update=True", cache=jax_cache,
     )  # fmt: skip
     proc.wait(timeout=900)
     out = log.read_text()
@@ -134,6 +135,7 @@ def test_tiny_pipeline_with_the_ray_pool_and_ppo(sft_run, jax_cache, tmp_path):
     assert "Started a local Ray instance" in out
     rl = read_metrics(workdir, "rl")
     assert [r["step"] for r in rl] == [1, 2]
+    assert all(r["step_s"] > 0 and r["update_skipped"] == 0.0 for r in rl)
     assert all("value_loss" in r and "value_error" in r for r in rl)  # the PPO loss ran, critic included
     # The KL to the reference ran: zero at the first update (the reference is the starting policy), then not.
     assert abs(rl[0]["kl_ref"]) < 1e-5 and rl[1]["kl_ref"] > 0
