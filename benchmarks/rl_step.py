@@ -3,6 +3,7 @@
     python benchmarks/rl_step.py [--config=experiments/composer.py[:tiny]] [--steps 3] [--workdir RUN]
                                  [--sft-steps 10] [--peer-python /path/to/tunix/venv/bin/python]
                                  [--peer-script ../shared/peers/tunix/grpo_step_bench.py]
+                                 [--baseline "--config.KEY=VALUE ..."]
                                  [--config.KEY=VALUE ...]
 
 Ours: the RL phase of the config (`launch.py --mode=rl`) runs `--steps` steps in a scratch workdir, with
@@ -10,8 +11,10 @@ held-out evaluation during RL off. Its loop already times each step (composer/pi
 (from the previous step's end to a full batch of groups: sampler, tools, grading, dropped groups included)
 and update_s (advantages, reference, learner step, the sampler's new weights); tokens_generated is what the
 sampler generated in that time. These are read back from the scratch workdir's metrics.jsonl. A step's
-time is rollout_s + update_s (checkpoint saves are not in it); steps/min and tokens/s are given over all
-steps and over the steady ones (all but the first, which compiles or loads the programs).
+time is step_s, the wall time from the previous step's end to its own (with rl.overlap_update its update
+runs beside the next rollout, so rollout_s + update_s would count that time twice); steps/min and
+tokens/s are given over all steps and over the steady ones (all but the first, which compiles or loads
+the programs).
 
 The starting model:
 - `--workdir RUN` (a run whose SFT phase finished, with the same config): its tasks, tokenizer and SFT
@@ -24,12 +27,18 @@ The peer: `grpo_step_bench.py` of ../shared/peers/tunix (its README; elsewhere: 
 default shape, run with the Python of `--peer-python` (a venv with google-tunix; none: the peer is skipped),
 after ours, never at the same time. Its tokens/s counts every completion at full length (an upper bound).
 
-Extra `--config.KEY=VALUE` flags go to launch.py. The last line is one JSON object.
+`--baseline`: the loop before a change, as config overrides (the previous default was
+"--config.rl.tasks_per_step=4"): run first, from the same starting model, and reported as `before` with
+`ours_over_before`. Beside steps/min it gives episodes and trained groups per minute, since a smaller step
+is a faster one without the loop being any faster.
+
+Extra `--config.KEY=VALUE` flags go to launch.py (both runs). The last line is one JSON object.
 """
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -51,6 +60,7 @@ _NOT_COPIED = ("metrics.jsonl", "tb", "summary.txt", "summary.json", "curves.png
 def _scratch(workdir: Path | None, root: Path) -> Path:
     """A workdir for the RL phase: a copy of `workdir` without its RL phase and metrics, or a new one."""
     out = root / "run"
+    root.mkdir(parents=True, exist_ok=True)
     if workdir is None:
         return out
 
@@ -72,7 +82,7 @@ def _run_ours(args: argparse.Namespace, overrides: list[str], root: Path) -> lis
     if args.workdir is None:
         flags.append(f"--config.sft.steps={args.sft_steps}")
     log = root / "rl.log"
-    print(f"ours: launch.py {' '.join(flags + overrides)} (log {log})", flush=True)
+    print(f"{root.name}: launch.py {' '.join(flags + overrides)} (log {log})", flush=True)
     t0 = time.monotonic()
     with log.open("w") as f:
         proc = subprocess.run(
@@ -80,9 +90,9 @@ def _run_ours(args: argparse.Namespace, overrides: list[str], root: Path) -> lis
             cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=f, stderr=subprocess.STDOUT,
         )  # fmt: skip
     if proc.returncode != 0:
-        sys.exit(f"ours: launch.py failed (rc {proc.returncode}):\n{log.read_text()[-4000:]}")
+        sys.exit(f"{root.name}: launch.py failed (rc {proc.returncode}):\n{log.read_text()[-4000:]}")
     steps = read_metrics(workdir, "rl")
-    print(f"ours: {len(steps)} RL steps, {time.monotonic() - t0:.0f} s with DATA and SFT", flush=True)
+    print(f"{root.name}: {len(steps)} RL steps, {time.monotonic() - t0:.0f} s with DATA and SFT", flush=True)
     for r in steps:
         print(
             f"  step {r['step']}: rollout {r['rollout_s']:.2f} s, update {r['update_s']:.2f} s, "
@@ -97,17 +107,42 @@ def _rates(steps: list[dict]) -> dict:
     rollout = sum(r["rollout_s"] for r in steps)
     update = sum(r["update_s"] for r in steps)
     tokens = sum(r["tokens_generated"] for r in steps)
+    # A step's wall time: step_s where the loop logs it (with rl.overlap_update the update runs during the
+    # next step's rollout, so the two no longer add up), else rollout_s + update_s.
+    wall = sum(r["step_s"] for r in steps) if all("step_s" in r for r in steps) else rollout + update
     return {
         "steps": len(steps),
-        "steps_per_min": round(60 * len(steps) / (rollout + update), 3),
-        "generated_tokens_per_s": round(tokens / (rollout + update), 2),
+        "steps_per_min": round(60 * len(steps) / wall, 3),
+        "generated_tokens_per_s": round(tokens / wall, 2),
         "rollout_tokens_per_s": round(tokens / rollout, 2),
         "rollout_s_median": round(statistics.median(r["rollout_s"] for r in steps), 3),
         "update_s_median": round(statistics.median(r["update_s"] for r in steps), 3),
+        "step_s_median": round(
+            statistics.median(r.get("step_s", r["rollout_s"] + r["update_s"]) for r in steps), 3
+        ),
         "rollout_share": round(rollout / (rollout + update), 3),
         "tokens_generated_per_step": round(tokens / len(steps), 1),
         "episodes_per_step": round(sum(r["episodes"] for r in steps) / len(steps), 1),
+        # A smaller step is a faster one: the episodes run and the groups trained on per minute say
+        # whether the loop as a whole got faster.
+        "episodes_per_min": round(60 * sum(r["episodes"] for r in steps) / wall, 2),
+        "groups_trained_per_min": round(60 * sum(_groups(r) for r in steps) / wall, 2),
     }
+
+
+def _groups(step: dict) -> float:
+    """The groups a step trained on: those kept, with or without signal (metrics.jsonl's counts)."""
+    dropped = sum(v for k, v in step.items() if k.startswith("groups_dropped"))
+    return step["groups"] - dropped if "groups" in step else float("nan")
+
+
+def _measure(args: argparse.Namespace, overrides: list[str], root: Path) -> dict:
+    """Our RL phase's rates over all its steps and over the steady ones (all but the first)."""
+    steps = _run_ours(args, overrides, root)
+    out = {"all": _rates(steps)}
+    if len(steps) > 1:
+        out["steady"] = _rates(steps[1:])
+    return out
 
 
 def _run_peer(python: str, script: Path, root: Path) -> dict:
@@ -150,6 +185,11 @@ def main() -> None:
     p.add_argument("--sft-steps", type=int, default=10, help="without --workdir: SFT cut to this many steps")
     p.add_argument("--peer-python", default=None, help="Python with google-tunix (none: skip the peer)")
     p.add_argument("--peer-script", type=Path, default=PEER)
+    p.add_argument(
+        "--baseline", default=None,
+        help="config overrides of the loop to compare with (e.g. the previous default's RL shape, "
+        "'--config.rl.tasks_per_step=4'): run first, from the same starting model, as 'before'",
+    )  # fmt: skip
     args, overrides = p.parse_known_args()
     bad = [o for o in overrides if not o.startswith("--config.")]
     if bad:
@@ -159,10 +199,10 @@ def main() -> None:
     load_before = os.getloadavg()[0]
 
     with tempfile.TemporaryDirectory(prefix="rl_step-") as tmp:
-        steps = _run_ours(args, overrides, Path(tmp))
-        ours = {"all": _rates(steps)}
-        if len(steps) > 1:
-            ours["steady"] = _rates(steps[1:])
+        before = None
+        if args.baseline is not None:
+            before = _measure(args, overrides + shlex.split(args.baseline), Path(tmp) / "before")
+        ours = _measure(args, overrides, Path(tmp) / "ours")
         if args.peer_python:
             peer = _run_peer(args.peer_python, args.peer_script, Path(tmp))
         else:
@@ -176,9 +216,15 @@ def main() -> None:
         "overrides": overrides,
         "start": str(args.workdir) if args.workdir else f"fresh DATA, SFT cut to {args.sft_steps} steps",
         "ours": ours,
+        "before": before and {"overrides": shlex.split(args.baseline), **before},
         "peer": peer,
         "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
+    if before is not None:
+        base = before.get("steady", before["all"])
+        keys = ("steps_per_min", "generated_tokens_per_s", "episodes_per_min", "groups_trained_per_min")
+        summary["ours_over_before"] = {k: round(best[k] / base[k], 3) for k in keys}
+        print(f"ours / before: {summary['ours_over_before']}", flush=True)
     if peer is not None:
         summary["ours_over_peer"] = {
             k: round(best[k] / peer[k], 3) for k in ("steps_per_min", "generated_tokens_per_s")
