@@ -3,7 +3,7 @@
     python benchmarks/rl_step.py [--config=experiments/composer.py[:tiny]] [--steps 3] [--workdir RUN]
                                  [--sft-steps 10] [--peer-python /path/to/tunix/venv/bin/python]
                                  [--peer-script ../shared/peers/tunix/grpo_step_bench.py]
-                                 [--baseline "--config.KEY=VALUE ..."]
+                                 [--baseline="--config.KEY=VALUE ..."]
                                  [--config.KEY=VALUE ...]
 
 Ours: the RL phase of the config (`launch.py --mode=rl`) runs `--steps` steps in a scratch workdir, with
@@ -27,8 +27,8 @@ The peer: `grpo_step_bench.py` of ../shared/peers/tunix (its README; elsewhere: 
 default shape, run with the Python of `--peer-python` (a venv with google-tunix; none: the peer is skipped),
 after ours, never at the same time. Its tokens/s counts every completion at full length (an upper bound).
 
-`--baseline`: the loop before a change, as config overrides (the previous default was
-"--config.rl.tasks_per_step=4"): run first, from the same starting model, and reported as `before` with
+`--baseline="--config.KEY=VALUE ..."`: the loop before a change, as config overrides (e.g.
+"--config.rl.overlap_update=False"): run first, from the same starting model, and reported as `before` with
 `ours_over_before`. Beside steps/min it gives episodes and trained groups per minute, since a smaller step
 is a faster one without the loop being any faster.
 
@@ -37,6 +37,7 @@ Extra `--config.KEY=VALUE` flags go to launch.py (both runs). The last line is o
 
 import argparse
 import json
+import math
 import os
 import shlex
 import shutil
@@ -126,14 +127,8 @@ def _rates(steps: list[dict]) -> dict:
         # A smaller step is a faster one: the episodes run and the groups trained on per minute say
         # whether the loop as a whole got faster.
         "episodes_per_min": round(60 * sum(r["episodes"] for r in steps) / wall, 2),
-        "groups_trained_per_min": round(60 * sum(_groups(r) for r in steps) / wall, 2),
+        "groups_trained_per_min": round(60 * sum(r.get("groups_trained", math.nan) for r in steps) / wall, 2),
     }
-
-
-def _groups(step: dict) -> float:
-    """The groups a step trained on: those kept, with or without signal (metrics.jsonl's counts)."""
-    dropped = sum(v for k, v in step.items() if k.startswith("groups_dropped"))
-    return step["groups"] - dropped if "groups" in step else float("nan")
 
 
 def _measure(args: argparse.Namespace, overrides: list[str], root: Path) -> dict:
@@ -187,8 +182,8 @@ def main() -> None:
     p.add_argument("--peer-script", type=Path, default=PEER)
     p.add_argument(
         "--baseline", default=None,
-        help="config overrides of the loop to compare with (e.g. the previous default's RL shape, "
-        "'--config.rl.tasks_per_step=4'): run first, from the same starting model, as 'before'",
+        help="config overrides of the loop to compare with, as --baseline='--config.KEY=VALUE ...': run "
+        "first, from the same starting model, as 'before'",
     )  # fmt: skip
     args, overrides = p.parse_known_args()
     bad = [o for o in overrides if not o.startswith("--config.")]

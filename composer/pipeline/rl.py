@@ -248,6 +248,7 @@ def _step_metrics(batch: list[list], rewards: np.ndarray, counts, stats: dict, b
     """LOG: the step's episodes, the sampler's statistics (`stats`, counts since `before`) and `counts`."""
     flat = [r for g in batch for r in g]
     return {
+        "groups_trained": len(batch),
         "reward": float(rewards.mean()),
         "reward_accepted_groups": float(rewards.mean()),
         "reward_all": counts["solved"] / max(counts["episodes"], 1),

@@ -96,6 +96,7 @@ def test_inline_updates_run_between_collections_and_each_step_logs_its_own_batch
     assert progress.step == 3 and progress.version == 3
     for _, step, metrics in records:
         assert metrics["loss"] == step and metrics["groups"] == 1 and metrics["episodes"] == 2
+        assert metrics["groups_trained"] == 1
         assert metrics["tokens_generated"] == 10 and metrics["step_s"] > 0
 
 
