@@ -7,8 +7,9 @@ equals one big batch exactly, clip by global norm and apply AdamW with linear wa
 Batch layout (host side builds it, see composer/batching.py), all arrays `[m, b, t]` with m micro-batches:
   tokens int32, positions int32 (-1 on padding), loss_mask float32 (1 where the token is a *target* the
   policy generated). RL batches add sampler_logprobs float32 [m, b, t] (behaviour log-probs, aligned with
-  the target tokens), advantages float32 [m, b] (per sequence; or [m, b, t] per token) and truncated bool
-  [m, b].
+  the target tokens), advantages float32 [m, b] (per sequence; or [m, b, t] per token), truncated bool
+  [m, b] and, where one rollout batch takes several updates, old_logprobs float32 [m, b, t]
+  (`batch_logprobs` of the params before the first).
 PPO (`ppo_step`, rl.algorithm='gae') instead has per-token advantages [m, b, t] plus returns and old_values
 [m, b, t] from `ppo_targets`, which computes them under the critic (cfg.value_head) before the update.
 
@@ -169,8 +170,10 @@ def rl_loss(
 ):
     """The clipped policy-gradient loss of composer.rl.losses on one micro-batch (see policy_loss).
 
-    One update per rollout batch: the 'old' policy is the current parameters (ratio 1, gradient of log p);
-    truncated importance sampling corrects for the sampler's (possibly stale) log-probs.
+    The 'old' policy is the batch's `old_logprobs` where it has them (several updates per rollout batch,
+    rl.epochs x rl.minibatches: the learner's log-probs before the first), else the current parameters
+    (one update: ratio 1, gradient of log p); truncated importance sampling corrects for the gap between
+    the old policy and the sampler's (possibly stale) log-probs.
     """
     logp, entropy, aux = token_logprobs(
         params, batch["tokens"], batch["positions"], cfg, hp.temperature, line_tokens=line_tokens
@@ -178,20 +181,21 @@ def rl_loss(
     return _policy_loss(logp, entropy, aux, batch, cfg, hp)
 
 
-def reference_logprobs(
-    ref_params: PyTree,
+def batch_logprobs(
+    params: PyTree,
     batch: dict,
     cfg: model.ModelConfig,
     temperature: float = 1.0,
     *,
     line_tokens: copy_head.LineTokens | None = None,
 ):
-    """The reference model's token log-probs for a [m, b, t] batch (the KL term's `ref_logprobs`), one
-    micro-batch at a time, at the sampler's temperature like the policy's."""
+    """A model's token log-probs for a [m, b, t] batch, one micro-batch at a time, at the sampler's
+    temperature like the policy's: the reference model's for the KL term (`ref_logprobs`), or the learner's
+    own before the first of several updates on one batch (`old_logprobs`, the PPO ratio's denominator)."""
 
     def micro(mb):
         return token_logprobs(
-            ref_params, mb["tokens"], mb["positions"], cfg, temperature, line_tokens=line_tokens
+            params, mb["tokens"], mb["positions"], cfg, temperature, line_tokens=line_tokens
         )[0]
 
     return jax.lax.map(micro, {"tokens": batch["tokens"], "positions": batch["positions"]})
@@ -199,19 +203,21 @@ def reference_logprobs(
 
 def _policy_loss(logp, entropy, aux: dict, batch: dict, cfg: model.ModelConfig, hp: RLHParams):
     mask = batch["loss_mask"].astype(jnp.float32)
-    sampler_logprobs = batch["sampler_logprobs"]
+    sampler_logprobs, old_logprobs = batch["sampler_logprobs"], batch.get("old_logprobs")
     if "off_policy" in batch:
         # Sequences the sampler never drew (the expert's guide, composer/pipeline/expert_members.py) have
-        # no behaviour log-probs: scored as if sampled from the current policy (IS weight 1, ratio 1), their
-        # gradient is advantage x grad log p, a weighted likelihood step.
+        # no behaviour log-probs: scored as if sampled from the old policy (IS weight 1), their gradient is
+        # advantage x grad log p (x the PPO ratio after a first update), a weighted likelihood step.
         off = batch["off_policy"][:, None] > 0
-        sampler_logprobs = jnp.where(off, jax.lax.stop_gradient(logp), sampler_logprobs)
+        behaviour = jax.lax.stop_gradient(logp) if old_logprobs is None else old_logprobs
+        sampler_logprobs = jnp.where(off, behaviour, sampler_logprobs)
     loss, sums = losses.policy_loss(
         logp,
         batch["advantages"],
         mask,
         clip_low=hp.clip_low,
         clip_high=hp.clip_high,
+        old_logprobs=old_logprobs,
         sampler_logprobs=sampler_logprobs,
         tis_cap=hp.tis_cap,
         ref_logprobs=batch["ref_logprobs"] if hp.kl_coef > 0 else None,

@@ -170,6 +170,8 @@ def _rl() -> ConfigDict:
         tis_cap=2.0,  # truncated importance sampling between sampler and learner log-probs
         mask_truncated=True,  # truncated episodes out of the loss
         max_staleness=1,
+        epochs=1,  # passes over each rollout batch (PPO's ratio and clip act from the second update on)
+        minibatches=1,  # optimizer steps per pass: the batch's episodes split this many ways
         overlap_update=False,  # one batch's update beside the next batch's rollouts (composer/pipeline/rl.py)
         expert_start_share=0.5,  # tasks whose episodes continue the expert's conversation before its edit
         expert_guidance=True,  # each group takes the expert's continuation as one more member

@@ -13,10 +13,12 @@ One step of the loop (`run`), phases as named there:
               nothing still runs;
   ADVANTAGES  each group, with the members the group augmenters add (off-policy, e.g. the expert's guide),
               gets `rl.algorithm`'s advantages over its rewards (composer.rl.advantages);
-  UPDATE      one jitted, sharded rl_step (ppo_step for 'gae') over the batch, at the sampler's temperature,
-              with a KL term to the starting model when `rl.kl_coef` > 0; skipped (update_skipped) when
-              every advantage is zero (`has_policy_signal`); with `rl.overlap_update`, in a thread while
-              the next batch is collected (`_Loop`);
+  UPDATE      jitted, sharded rl_steps (ppo_steps for 'gae') at the sampler's temperature, with a KL term
+              to the starting model when `rl.kl_coef` > 0: `rl.epochs` passes over the batch split into
+              `rl.minibatches`, one optimizer step each, the PPO ratio against the learner's log-probs
+              before the first (`_update`); skipped (update_skipped) when every advantage is zero
+              (`has_policy_signal`); with `rl.overlap_update`, in a thread while the next batch is
+              collected (`_Loop`);
   SYNC        the sampler takes the new params (policy version + 1) for its next device call;
   LOG         metrics.jsonl / TensorBoard; a point of the held-out curve (composer/pipeline/curve.py) every
               `eval.every_steps` steps;
@@ -135,6 +137,22 @@ class _Policy(NamedTuple):
     learner: learner_lib.Learner
     ppo_targets: Callable | None  # 'gae': (params, batch) -> the critic's values and GAE advantages
     reference: Callable | None  # rl.kl_coef > 0: batch -> the starting model's log-probs
+    old_logprobs: Callable | None = (
+        None  # several updates a batch: (params, batch) -> the learner's log-probs
+    )
+
+
+def updates_per_step(rl: ml_collections.ConfigDict) -> int:
+    """Optimizer steps per RL step: rl.epochs passes over rl.minibatches minibatches."""
+    for name in ("epochs", "minibatches"):
+        if rl[name] < 1:
+            raise ValueError(f"rl.{name} must be at least 1, got {rl[name]}")
+    if rl.minibatches > rl.tasks_per_step * rl.group_size:
+        raise ValueError(
+            f"rl.minibatches ({rl.minibatches}) is more than the episodes of a step "
+            f"(rl.tasks_per_step x rl.group_size = {rl.tasks_per_step * rl.group_size})"
+        )
+    return rl.epochs * rl.minibatches
 
 
 def _policy(config: ml_collections.ConfigDict, cfg, init_params, line_tokens) -> _Policy:
@@ -152,34 +170,62 @@ def _policy(config: ml_collections.ConfigDict, cfg, init_params, line_tokens) ->
     else:
         hp = train.RLHParams.from_config(config)
     learner = learner_lib.build(
-        config, cfg, learning_rate=rl.learning_rate, total_steps=rl.steps,
+        config, cfg, learning_rate=rl.learning_rate, total_steps=rl.steps * updates_per_step(rl),
         step_fn=train.ppo_step if rl.algorithm == "gae" else train.rl_step, line_tokens=line_tokens,
         init_params=init_params, hp=hp,
     )  # fmt: skip
+    temperature = config.sampling.temperature
+    old = None
+    if updates_per_step(rl) > 1:
+        old = jax.jit(
+            functools.partial(train.batch_logprobs, cfg=cfg, temperature=temperature, line_tokens=line_tokens)
+        )
     if rl.kl_coef <= 0:
-        return _Policy(learner, targets, None)
+        return _Policy(learner, targets, None, old)
     ref_params = jax.device_put(
         sft_params, sharding.param_shardings(sampler_cfg, learner.mesh, learner.rules)
     )
-    temperature = config.sampling.temperature
     ref_fn = jax.jit(
         functools.partial(
-            train.reference_logprobs, cfg=sampler_cfg, temperature=temperature, line_tokens=line_tokens
+            train.batch_logprobs, cfg=sampler_cfg, temperature=temperature, line_tokens=line_tokens
         )
     )
-    return _Policy(learner, targets, functools.partial(ref_fn, ref_params))
+    return _Policy(learner, targets, functools.partial(ref_fn, ref_params), old)
 
 
 def _update(policy: _Policy, seqs: list[dict], config: ml_collections.ConfigDict, key) -> dict:
-    """UPDATE: one step of the learner on `seqs`, skipped (update_skipped) when they carry no signal."""
-    if not has_policy_signal(seqs, config.rl):
+    """UPDATE: rl.epochs passes over `seqs` split into rl.minibatches (a seeded split, a seeded order each
+    pass), one learner step each; skipped (update_skipped) when they carry no signal.
+
+    Everything computed from the policy before the update (PPO's values and advantages, the old log-probs
+    the ratio compares with, the reference's) is computed for every minibatch before the first step. The
+    metrics are the means over the steps; `clip_frac` above 0 shows the ratio leaving its trust region."""
+    rl = config.rl
+    if not has_policy_signal(seqs, rl):
         return {"update_skipped": 1.0}
-    batch = learner_lib.pack(seqs, config, len(seqs))
-    if policy.ppo_targets is not None:
-        batch.update(jax.device_get(policy.ppo_targets(policy.learner.params, batch)))
-    if policy.reference is not None:
-        batch["ref_logprobs"] = np.asarray(policy.reference(batch))
-    return {**jax.device_get(policy.learner.step(batch, key)), "update_skipped": 0.0}
+    split_key, order_key = jax.random.split(key)
+    order = (
+        np.asarray(jax.random.permutation(split_key, len(seqs))) if rl.minibatches > 1 else range(len(seqs))
+    )
+    parts = [[seqs[i] for i in order[j :: rl.minibatches]] for j in range(rl.minibatches)]
+    batches = []
+    for part in parts:
+        batch = learner_lib.pack(part, config, len(part))
+        params = policy.learner.params
+        if policy.ppo_targets is not None:
+            batch.update(jax.device_get(policy.ppo_targets(params, batch)))
+        if policy.reference is not None:
+            batch["ref_logprobs"] = np.asarray(policy.reference(batch))
+        if policy.old_logprobs is not None:
+            batch["old_logprobs"] = np.asarray(policy.old_logprobs(params, batch))
+        batches.append(batch)
+    steps = []
+    for epoch in range(rl.epochs):
+        epoch_key = jax.random.fold_in(order_key, epoch)
+        for j in np.asarray(jax.random.permutation(epoch_key, len(batches))):
+            steps.append(jax.device_get(policy.learner.step(batches[j], jax.random.fold_in(epoch_key, j))))
+    metrics = {k: float(np.mean([s[k] for s in steps])) for k in steps[0]}
+    return {**metrics, "updates": float(len(steps)), "update_skipped": 0.0}
 
 
 @dataclasses.dataclass

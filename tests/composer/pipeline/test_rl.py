@@ -264,3 +264,17 @@ def test_the_task_stream_resumes_at_its_position_and_needs_tasks():
     assert rl._task_stream(tasks, 0, 7, 5) == whole[7:]
     with pytest.raises(ValueError, match="no train tasks"):
         rl._task_stream([], 0, 0, 4)  # (an empty list would cycle forever)
+
+
+_NO_EXTRAS = Extras(EpisodeStarts("expert_start", {}), ())
+
+
+@pytest.mark.parametrize("max_staleness, kept", [(0, ["t1"]), (1, ["t0", "t1"]), (2, ["t0", "t1"])])
+def test_the_staleness_bound_drops_groups_from_a_policy_older_than_it(max_staleness, kept):
+    config = experiment.get_config()
+    config.rl.update(tasks_per_step=1, max_staleness=max_staleness, dynamic_sampling=False)
+    progress = rl._Progress(version=3)
+    engine = SimpleNamespace(oldest={"t0-1": 2})  # one episode of group 0 began one version ago
+    batches = rl._collect(_groups([[1, 0], [0, 1]]), engine, progress, config.rl, _NO_EXTRAS, start=0)
+    assert [b[0][0].task_id for b in batches] == kept
+    assert progress.counts["groups_dropped_stale"] == 2 - len(kept)
