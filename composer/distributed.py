@@ -102,7 +102,8 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh, rules) -> di
 
 def state_shardings(params, optimizer: optax.GradientTransformation, mesh: Mesh) -> train.TrainState:
     """Shardings of the TrainState over `params` (already placed): each optimizer moment (Adam's mu, nu)
-    takes its parameter's sharding; counters and other scalars are replicated."""
+    and the f32 master copy (if any) take their parameter's sharding; counters and other scalars are
+    replicated."""
     replicated = NamedSharding(mesh, PartitionSpec())
     shapes = jax.eval_shape(lambda p: train.init_state(p, optimizer), params)
     param_sh = jax.tree.map(lambda x: x.sharding, params)
@@ -113,7 +114,8 @@ def state_shardings(params, optimizer: optax.GradientTransformation, mesh: Mesh)
         param_sh,
         transform_non_params=lambda _: replicated,
     )
-    return train.TrainState(step=replicated, params=param_sh, opt_state=opt_sh)
+    master_sh = None if shapes.master is None else param_sh
+    return train.TrainState(step=replicated, params=param_sh, opt_state=opt_sh, master=master_sh)
 
 
 def init_state(params, optimizer: optax.GradientTransformation, mesh: Mesh) -> train.TrainState:

@@ -37,6 +37,10 @@ class TrainState(NamedTuple):
     step: jax.Array  # int32 scalar: optimizer steps taken
     params: PyTree
     opt_state: PyTree
+    # An f32 copy of params stored narrower (bf16), which the optimizer updates; params are its rounding.
+    # An AdamW step of 1e-6 on a bf16 weight of 0.02 (spacing 1.2e-4) would round to no change at all.
+    # None where every parameter is f32 already.
+    master: PyTree = None
 
 
 def make_optimizer(optim: ml_collections.ConfigDict, learning_rate: float, total_steps: int):
@@ -59,8 +63,21 @@ def make_optimizer(optim: ml_collections.ConfigDict, learning_rate: float, total
     )
 
 
+def master_copy(params: PyTree) -> PyTree:
+    """An f32 copy of `params` when a floating leaf is narrower than f32, else None (no copy needed)."""
+    floats = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+    if all(x.dtype == jnp.float32 for x in floats):
+        return None
+    return jax.tree.map(
+        lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+    )
+
+
 def init_state(params: PyTree, optimizer: optax.GradientTransformation) -> TrainState:
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+    """Step 0, the optimizer's state over the f32 weights (the master copy where params are narrower)."""
+    master = master_copy(params)
+    opt_state = optimizer.init(params if master is None else master)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, master=master)
 
 
 def token_logprobs(
@@ -349,11 +366,17 @@ def accumulate_grads(
 def apply_grads(
     state: TrainState, grads: PyTree, count: jax.Array, optimizer: optax.GradientTransformation
 ) -> tuple[TrainState, dict]:
-    """Turns summed grads into the mean over `count` and takes one optimizer step."""
-    grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1e-12), grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+    """Turns summed grads into the mean over `count` and takes one optimizer step: on the f32 master copy
+    where there is one (the grads in f32 too), params then its rounding to their own dtype."""
+    weights = state.params if state.master is None else state.master
+    grads = jax.tree.map(lambda g, w: g.astype(w.dtype) / jnp.maximum(count, 1e-12), grads, weights)
+    updates, opt_state = optimizer.update(grads, state.opt_state, weights)
+    weights = optax.apply_updates(weights, updates)
+    if state.master is None:
+        params, master = weights, None
+    else:
+        params, master = jax.tree.map(lambda w, p: w.astype(p.dtype), weights, state.params), weights
+    new = TrainState(step=state.step + 1, params=params, opt_state=opt_state, master=master)
     return new, {"grad_norm": optax.tree.norm(grads), "update_norm": optax.tree.norm(updates)}
 
 

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from step_batches import random_batch
 
@@ -192,3 +193,37 @@ def test_off_policy_rows_are_a_weighted_likelihood_step():
     grad = np.asarray(jax.grad(loss)(logp))
     np.testing.assert_allclose(grad[0], [0.0, -2.0 / 4, -2.0 / 4], rtol=1e-6)
     np.testing.assert_allclose(grad[1], [0.0, -2.0 * 2.0 / 4, -2.0 * 2.0 / 4], rtol=1e-6)  # capped at 2
+
+
+def test_bf16_params_move_at_a_small_learning_rate_through_the_f32_master_copy():
+    """AdamW at 1e-6 on bf16 weights: applied to bf16 directly, most updates round away; the master copy
+    takes every one, and the bf16 params, its rounding, move once the steps add up to their spacing."""
+    cfg = model.ModelConfig(**{**CFG.__dict__, "param_dtype": "bfloat16"})
+    params = model.init(jax.random.key(0), cfg)
+    optim = composer_config.get_config("tiny").optim
+    optim.warmup_steps = 0
+    opt = train.make_optimizer(optim, 1e-6, 1000)
+    state = train.init_state(params, opt)
+    assert state.master is not None and state.master["unembed"].dtype == jnp.float32
+    assert train.init_state(model.init(jax.random.key(0), CFG), opt).master is None  # f32: no copy
+    batch = _batch(jax.random.key(2), 1, 4, 16)
+    step = jax.jit(lambda s, b: train.sft_step(s, b, None, cfg=cfg, optimizer=opt))
+
+    def moved(a, b):  # share of the unembedding's entries that changed
+        return float(np.mean(np.asarray(a["unembed"], np.float32) != np.asarray(b["unembed"], np.float32)))
+
+    # The old way, the optimizer straight on the bf16 params:
+    grads = jax.grad(lambda p: train.sft_loss(p, jax.tree.map(lambda x: x[0], batch), cfg)[0])(params)
+    updates, _ = opt.update(grads, opt.init(params), params)
+    assert moved(optax.apply_updates(params, updates), params) < 0.1
+
+    state = step(state, batch)[0]
+    assert moved(state.master, params) > 0.99
+    np.testing.assert_array_equal(
+        np.asarray(state.params["unembed"]), np.asarray(state.master["unembed"].astype(jnp.bfloat16))
+    )
+    for _ in range(199):
+        state = step(state, batch)[0]
+    assert state.params["unembed"].dtype == jnp.bfloat16
+    # Straight on bf16 each of these steps would round away the same way: the share would stay below 0.1.
+    assert moved(state.params, params) > 0.2
