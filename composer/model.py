@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from composer import attention, copy_head, kv_cache, layers, moe, params
+from composer import attention, chunked_logprobs, copy_head, kv_cache, layers, moe, params
 from composer.kv_cache import KVCache, LayerCaches
 from composer.model_config import ModelConfig
 
@@ -43,6 +43,12 @@ __all__ = ["KVCache", "LayerCaches", "ModelConfig", "block", "forward", "init", 
 
 # The MoE layer's losses, averaged over MoE layers; other outputs of a moe_ffn are summed over them.
 _AUX_KEYS = ("load_balance_loss", "router_z_loss", "dropped_fraction")
+
+# cfg.remat -> the jax.checkpoint policy of a scanned layer in training (absent: no remat).
+REMAT_POLICIES = {
+    "full": None,  # save nothing but the layer's input
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # projections, not attention
+}
 
 # moe_ffn(p_moe, x_btd, valid_bt, cfg) -> (y_btd, aux): the MoE layer (moe.moe_layer by default).
 MoeFn = Callable[[dict, jax.Array, jax.Array, ModelConfig], tuple[jax.Array, dict]]
@@ -93,6 +99,8 @@ def _scan_layers(
             x, cache, aux = block(p, x, positions_bt, cfg, cache, index, plan, moe_ffn)
             return (x, cache), aux
 
+        if cache is None and cfg.remat != "none":
+            layer = jax.checkpoint(layer, policy=REMAT_POLICIES[cfg.remat])
         n = jax.tree.leaves(params[name])[0].shape[0]
         indices = first + jnp.arange(n, dtype=jnp.int32)
         (x_btd, cache), aux = jax.lax.scan(layer, (x_btd, cache), (params[name], indices))
@@ -224,31 +232,72 @@ def next_token_logprobs(
     """log p(tokens[b, i] | tokens[b, :i]) [b, t] (0 at i = 0) at temperature 1, and `forward`'s aux.
 
     Equal to gathering `forward`'s log-softmax at each next token, without the [b, t, v] distribution
-    where the copy head would build it (`copy_head.next_token_logprob_uncached`): what a loss on the data's
-    own tokens (SFT) needs. No cache. line_tokens as in `forward`.
+    where the copy head would build it (`copy_head.next_token_logprob_uncached`), and without a copy head
+    cfg.logits_chunk positions at a time: what a loss on the data's own tokens (SFT) needs. No cache.
+    line_tokens as in `forward`.
     """
     positions_bt = positions_bt.astype(jnp.int32)
     x_btd, _, _, aux = _trunk(params, tokens_bt, positions_bt, cfg, None, moe.moe_layer)
     if cfg.value_head:
         aux["values"] = _values(params, x_btd)
-    logits_btv = _unembed(params, x_btd, cfg)
     if cfg.copy_head_dim > 0:
         logp_bt, pointer = copy_head.next_token_logprob_uncached(
             params["copy"],
             x_btd,
-            logits_btv,
+            _unembed(params, x_btd, cfg),
             tokens_bt,
             positions_bt,
             copy_head.active_line_tokens(cfg, line_tokens),
         )
         if cfg.copy_loss_coef > 0:
             aux["pointer_logp"], aux["pointer_ok"] = pointer
-    else:
-        logp_btv = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
-        logp_bt = jnp.take_along_axis(logp_btv[:, :-1], tokens_bt[:, 1:, None], axis=-1)[..., 0]
-        logp_bt = jnp.concatenate([logp_bt, jnp.zeros_like(logp_bt[:, :1])], axis=1)
-    # Query-aligned (index i scores token i + 1) -> target-aligned (index i scores token i).
-    return jnp.concatenate([jnp.zeros_like(logp_bt[:, :1]), logp_bt[:, :-1]], axis=1), aux
+        # Query-aligned (index i scores token i + 1) -> target-aligned (index i scores token i).
+        return jnp.concatenate([jnp.zeros_like(logp_bt[:, :1]), logp_bt[:, :-1]], axis=1), aux
+    logp_bt, _ = _vocab_scores(params, x_btd, tokens_bt, cfg, 1.0)
+    return logp_bt, aux
+
+
+def _vocab_scores(params: dict, x_btd, tokens_bt, cfg: ModelConfig, temperature: float):
+    """Target-aligned (log-prob, entropy) [b, t] of the vocabulary softmax at `temperature`, in chunks of
+    cfg.logits_chunk positions (composer/chunked_logprobs.py); 0 at i = 0."""
+    w_dv = params["embed"].T if cfg.tie_embeddings else params["unembed"]
+    logp, entropy = chunked_logprobs.scores(
+        x_btd[:, :-1], w_dv, tokens_bt[:, 1:], temperature=temperature, chunk=cfg.logits_chunk
+    )
+    pad = jnp.zeros_like(logp[:, :1])
+    return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, entropy], 1)
+
+
+def token_scores(
+    params: dict,
+    tokens_bt: jax.Array,
+    positions_bt: jax.Array,
+    cfg: ModelConfig,
+    temperature: float = 1.0,
+    *,
+    line_tokens: copy_head.LineTokens | None = None,
+) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+    """(log p(tokens[b, i] | tokens[b, :i]), the entropy of that next-token distribution, `forward`'s aux),
+    the first two [b, t] target-aligned (0 at i = 0), for p = softmax(logits / temperature): the learner's
+    view of the policy. Without a copy head a chunk of cfg.logits_chunk positions at a time; with one from
+    the mixture's full [b, t, V] (the copy head is for small models). No cache.
+    """
+    positions_bt = positions_bt.astype(jnp.int32)
+    if cfg.copy_head_dim == 0:
+        x_btd, _, _, aux = _trunk(params, tokens_bt, positions_bt, cfg, None, moe.moe_layer)
+        if cfg.value_head:
+            aux["values"] = _values(params, x_btd)
+        logp, entropy = _vocab_scores(params, x_btd, tokens_bt, cfg, temperature)
+        return logp, entropy, aux
+    logits_btv, _, aux = forward(params, tokens_bt, positions_bt, cfg, line_tokens=line_tokens)
+    logits_btv = logits_btv[:, :-1].astype(jnp.float32)
+    if temperature != 1.0:
+        logits_btv = logits_btv / temperature
+    logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
+    target = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
+    pad = jnp.zeros_like(target[:, :1])
+    return jnp.concatenate([pad, target], 1), jnp.concatenate([pad, entropy], 1), aux
 
 
 def param_counts(cfg: ModelConfig) -> tuple[int, int]:

@@ -24,6 +24,7 @@ _MOE_FIELDS = (
 _DERIVED_FIELDS = ("value_head",)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _QK_NORMS = ("none", "head", "proj")
+_REMATS = ("none", "full", "save_dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,12 @@ class ModelConfig:
     # Key of composer.attention.ATTENTION_IMPLS: 'cpu' (the XLA:CPU-tuned forms), 'reference' (plain),
     # 'pallas' (the kernels).
     attention_impl: str = "cpu"
+    # The learner's memory: rematerialise each scanned layer in the backward pass ('none' | 'full': keep only
+    # the layer's input | 'save_dots': keep the weight matmuls' outputs, recompute the rest); REMAT_POLICIES.
+    remat: str = "none"
+    # The learner's log-probs over the vocabulary this many positions at a time (0: all at once), so no
+    # [b, t, V] f32 logits exist at once (composer/chunked_logprobs.py). Models without a copy head.
+    logits_chunk: int = 0
     # MoE (config.moe)
     n_experts: int = 4
     top_k: int = 2
@@ -90,6 +97,10 @@ class ModelConfig:
             raise ValueError(f"n_dense_layers {self.n_dense_layers} outside [0, n_layers={self.n_layers}]")
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k {self.top_k} outside [1, n_experts={self.n_experts}]")
+        if self.remat not in _REMATS:
+            raise ValueError(f"remat {self.remat!r} is not one of {_REMATS}")
+        if self.logits_chunk < 0:
+            raise ValueError(f"logits_chunk must be >= 0, got {self.logits_chunk}")
         for name in ("param_dtype", "compute_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"{name} {getattr(self, name)!r} is not one of {tuple(_DTYPES)}")

@@ -98,15 +98,7 @@ def token_logprobs(
     """
     if temperature <= 0:
         raise ValueError(f"learner log-probs need a temperature > 0, got {temperature}")
-    logits_btv, _, aux = model.forward(params, tokens_bt, positions_bt, cfg, line_tokens=line_tokens)
-    logits_btv = logits_btv[:, :-1].astype(jnp.float32)
-    if temperature != 1.0:
-        logits_btv = logits_btv / temperature
-    logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
-    target = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
-    pad = jnp.zeros_like(target[:, :1])
-    return jnp.concatenate([pad, target], 1), jnp.concatenate([pad, entropy], 1), aux
+    return model.token_scores(params, tokens_bt, positions_bt, cfg, temperature, line_tokens=line_tokens)
 
 
 def _aux_loss(aux: dict, cfg: model.ModelConfig) -> jax.Array:

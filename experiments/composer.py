@@ -82,6 +82,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         warmup_steps=5,
         micro_batches=4,
         micro_batch_rows=8,  # micro-batches of at most this many sequences each (0: no bound)
+        micro_batch_tokens=0,  # and of at most this many padded tokens each, rows x length (0: no bound)
     )
     c.sft = _values(
         learning_rate=3e-3,
@@ -152,6 +153,8 @@ def _model() -> ConfigDict:
         param_dtype="float32",
         compute_dtype="float32",
         attention_impl="cpu",  # composer/attention.py: 'cpu' (tuned for XLA:CPU) | 'reference' | 'pallas'
+        remat="none",  # the learner's layers in the backward pass: 'none' | 'full' | 'save_dots'
+        logits_chunk=0,  # learner log-probs this many positions at a time (0: all; no copy head only)
         init_from="",  # a local Hugging Face checkpoint directory to start from ('' = random init)
     )
 
@@ -229,7 +232,10 @@ def _gpu(c: ConfigDict) -> None:
         copy_head_dim=0, copy_head_ngram=0, copy_head_recency=False, copy_head_lines=False, copy_loss_coef=0.0
     )
     c.moe.update(n_experts=64, top_k=8, d_ff=768, dispatch="ragged_dot")
-    c.optim.micro_batch_rows = 0  # no bound measured on a GPU yet: the micro_batches split alone
+    # A micro-batch's activations bounded by its tokens: one 16K-token episode, or eight of 2K.
+    c.optim.update(micro_batch_rows=0, micro_batch_tokens=16_384)
+    # The learner's memory (docs/scaling.md): layers rematerialised, log-probs over the vocabulary in chunks.
+    c.model.update(remat="full", logits_chunk=1024)
     c.sft.update(batch_size=64, steps=2000)
     c.rl.update(steps=1000, tasks_per_step=32, group_size=16, learning_rate=1e-6)
     # max_prefill_rows 0: one call for every waiting request of a width (batching pays here).

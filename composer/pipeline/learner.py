@@ -112,10 +112,15 @@ def build(
 
 def pack(sequences: list[dict], config: ml_collections.ConfigDict, batch_size: int) -> dict:
     """Sequences -> [m, b, t] arrays: `optim.micro_batches` micro-batches, or more where that would put more
-    than `optim.micro_batch_rows` sequences in one (0: no bound). An update's peak memory is one
-    micro-batch's activations, so a larger batch (more RL tasks per step) takes more micro-batches instead
-    of more memory."""
-    micro = max(batch_size // config.optim.micro_batches, 1)
-    if config.optim.micro_batch_rows > 0:
-        micro = min(micro, config.optim.micro_batch_rows)
-    return batching.pack_sequences(sequences, micro_batch=micro, max_len=config.model.max_seq_len)
+    than `optim.micro_batch_rows` sequences or `optim.micro_batch_tokens` padded tokens (b x t) in one
+    (0: no bound; a micro-batch holds at least one row). An update's peak memory is one micro-batch's
+    activations, so a larger batch (more RL tasks per step, longer episodes) takes more micro-batches
+    instead of more memory."""
+    optim, max_len = config.optim, config.model.max_seq_len
+    micro = max(batch_size // optim.micro_batches, 1)
+    if optim.micro_batch_rows > 0:
+        micro = min(micro, optim.micro_batch_rows)
+    if optim.micro_batch_tokens > 0:
+        longest = max((len(s["tokens"]) for s in sequences), default=1)
+        micro = min(micro, max(optim.micro_batch_tokens // batching.bucket_length(longest, max_len=max_len), 1))
+    return batching.pack_sequences(sequences, micro_batch=micro, max_len=max_len)

@@ -71,3 +71,14 @@ def test_the_learner_splits_a_large_batch_into_more_micro_batches_not_larger_one
     assert learner.pack(seqs, config, 80)["tokens"].shape[:2] == (10, 8)  # 20 a micro-batch without it
     config.optim.micro_batch_rows = 0
     assert learner.pack(seqs, config, 80)["tokens"].shape[:2] == (4, 20)
+
+
+def test_micro_batches_are_bounded_by_their_padded_tokens_too():
+    config = experiment.get_config()
+    config.optim.update(micro_batches=1, micro_batch_rows=0, micro_batch_tokens=1024)
+    short = [{"tokens": np.arange(1, 101), "loss_mask": np.ones(100)} for _ in range(16)]  # padded to 128
+    assert learner.pack(short, config, 16)["tokens"].shape == (2, 8, 128)
+    long = [{"tokens": np.arange(1, 1501), "loss_mask": np.ones(1500)} for _ in range(3)]  # 1536 > the bound
+    assert learner.pack(long, config, 3)["tokens"].shape == (3, 1, 1536)  # at least one row each
+    config.optim.micro_batch_tokens = 0
+    assert learner.pack(short, config, 16)["tokens"].shape == (1, 16, 128)
