@@ -44,6 +44,10 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
+    if _MODE.value == "plan":
+        from composer import memory_plan
+
+        memory_plan.use_cpu_devices(memory_plan.mesh_devices(config.mesh))  # before JAX starts a backend
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     workdir = _WORKDIR.value or f"runs/{config.experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:

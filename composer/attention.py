@@ -16,6 +16,8 @@ keys no query sees, and must give the same result without it.
                  head for a decode step, causal query blocks without a cache, key chunks up to the longest
                  row with one.
     'pallas':    the Pallas kernels (kernels_pallas/attention_ops.py), imported only when selected.
+    'twin':      the flash kernel's memory for the memory plan (composer/memory_twins.py).
+    'auto':      (a config value, composer/model_config.py) 'pallas' on a GPU, 'cpu' elsewhere.
 """
 
 from collections.abc import Callable
@@ -255,6 +257,8 @@ ATTENTION_IMPLS: dict[str, str | Callable] = {
     "reference": attend_reference,
     "cpu": attend_cpu,
     "pallas": _attend_pallas,
+    # The flash kernel's memory without its arithmetic: what the memory plan compiles (never run).
+    "twin": "composer.memory_twins:attend",
 }
 
 

@@ -25,6 +25,19 @@ _DERIVED_FIELDS = ("value_head",)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _QK_NORMS = ("none", "head", "proj")
 _REMATS = ("none", "full", "save_dots")
+# Config value 'auto' of a kernel choice -> the choice on each backend (jax.default_backend()).
+AUTO = {
+    "attention_impl": {"gpu": "pallas", "default": "cpu"},
+    "dispatch": {"gpu": "gmm", "default": "ragged_dot"},
+}
+
+
+def resolve_auto(values: dict, backend: str) -> dict:
+    """`values` (ModelConfig fields) with each 'auto' kernel choice replaced by `backend`'s."""
+    return {
+        k: AUTO[k].get(backend, AUTO[k]["default"]) if k in AUTO and v == "auto" else v
+        for k, v in values.items()
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,11 +131,12 @@ class ModelConfig:
         return _DTYPES[self.compute_dtype]
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> "ModelConfig":
+    def from_config(cls, config: ml_collections.ConfigDict, backend: str | None = None) -> "ModelConfig":
         """Builds the model config from the full experiment config (its `model` and `moe` sub-dicts).
 
         Every field is read from the config (a missing key is an error, never a silent default);
-        config.model.init_from is not part of the architecture and is left to the caller.
+        config.model.init_from is not part of the architecture and is left to the caller. A kernel choice
+        'auto' (AUTO) becomes `backend`'s (default: the backend JAX runs on).
         """
         values = {}
         for field in dataclasses.fields(cls):
@@ -130,4 +144,10 @@ class ModelConfig:
                 continue
             section = config.moe if field.name in _MOE_FIELDS else config.model
             values[field.name] = field.type(section[field.name])
+        if any(values[k] == "auto" for k in AUTO):
+            if backend is None:
+                import jax
+
+                backend = jax.default_backend()
+            values = resolve_auto(values, backend)
         return cls(**values)

@@ -16,7 +16,9 @@ The expert FFN is run by ONE function chosen by cfg.dispatch in DISPATCH_IMPLS, 
 'capacity' pads each expert's tokens to a fixed capacity and drops overflow; 'dense' runs every expert
 on every token (exact, for calls of a few tokens); 'ragged_dot', 'gmm' and 'gmm_fp8' are the dropless path
 over a grouped matmul with jax.lax.ragged_dot semantics (a new kernel is one more entry); the 'ep_*'
-entries run those two across the mesh's 'expert' axis (expert parallelism).
+entries run those two across the mesh's 'expert' axis (expert parallelism); 'twin' is a grouped matmul's
+memory for the memory plan (composer/memory_twins.py). The config value 'auto' is 'gmm' on a GPU and
+'ragged_dot' elsewhere (composer/model_config.py).
 
 Expert weights are stacked, w_gate / w_up [e, d, f] and w_down [e, f, d], or (the sampler's layout,
 composer/sampler_device.py; 'capacity' and 'dense' only) one buffer per expert: p['experts'], a tuple of
@@ -227,6 +229,8 @@ DISPATCH_IMPLS: dict[str, str | Callable] = {
     # all_to_all with per-expert capacity (any backend), or ragged_all_to_all + ragged_dot (GPU / TPU).
     "ep_capacity": "composer.expert_parallel:experts_ep_capacity",
     "ep_ragged_dot": "composer.expert_parallel:experts_ep_ragged",
+    # A grouped matmul's memory without its arithmetic: what the memory plan compiles (never run).
+    "twin": functools.partial(experts_dropless, gmm="composer.memory_twins:grouped_matmul"),
 }
 
 

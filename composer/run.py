@@ -14,6 +14,7 @@ MODE_HELP = (
     "sft: the supervised warm start only",
     "rl: the RL phase only",
     "eval: evaluate the latest checkpoint on held-out tasks (on any suite with --config.eval.tasks=DIR)",
+    "plan: per-device memory of the run on config.plan.device, without weights or an accelerator",
 )
 MODES = tuple(h.split(":")[0] for h in MODE_HELP)
 
@@ -27,6 +28,13 @@ def info(config: ml_collections.ConfigDict, workdir: Path) -> None:
     total, active = model.param_counts(cfg)
     print(f"model: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_experts} experts top-{cfg.top_k}")
     print(f"parameters: total {total:,}  active per token {active:,}")
+
+
+def plan(config: ml_collections.ConfigDict) -> None:
+    """Prints the memory plan (composer/memory_plan.py): a table, then one JSON line."""
+    from composer import memory_plan
+
+    print(memory_plan.report(memory_plan.plan(config), config.model.param_dtype), flush=True)
 
 
 def _pipeline(only: str | None) -> Callable[[ml_collections.ConfigDict, Path], None]:
@@ -83,7 +91,10 @@ def compilation_cache(config: ml_collections.ConfigDict) -> str | None:
 
 
 def main(config: ml_collections.ConfigDict, workdir: str, mode: str) -> None:
-    """Runs `mode` with `config`, writing into `workdir`."""
+    """Runs `mode` with `config`, writing into `workdir` (none for 'plan')."""
+    if mode == "plan":
+        plan(config)
+        return
     from composer.pipeline.data import task_families
     from env.tools import offered_tools
 

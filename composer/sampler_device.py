@@ -60,11 +60,20 @@ def per_expert_buffers(cfg: ModelConfig) -> bool:
     return cfg.dispatch == "capacity"
 
 
-@functools.partial(jax.jit, static_argnames=("per_expert",))
 def unstack_layers(params: dict, per_expert: bool = False) -> dict:
     """The model's params with the layer stacks replaced by `layers`: one dict per layer, in order (the
     dense layers, then the MoE layers), each weight its own buffer. With per_expert, each MoE layer's
-    w_gate, w_up and w_down [e, ...] become `experts`: a tuple of one dict of the three per expert."""
+    w_gate, w_up and w_down [e, ...] become `experts`: a tuple of one dict of the three per expert.
+    Params already in this layout (a sampler's of the same config) are returned as they are: a second
+    sampler shares the first's buffers.
+    """
+    if "layers" in params:
+        return params
+    return _unstack(params, per_expert)
+
+
+@functools.partial(jax.jit, static_argnames=("per_expert",))
+def _unstack(params: dict, per_expert: bool) -> dict:
     out = {k: v for k, v in params.items() if k not in ("dense_layers", "moe_layers")}
     out["layers"] = tuple(
         jax.tree.map(lambda x, i=i: x[i], params[name])
@@ -85,6 +94,12 @@ def init_layer_caches(cfg: ModelConfig, batch: int, max_len: int) -> LayerCaches
     k, v = ([jnp.zeros(shape, cfg.compute_jnp_dtype) for _ in range(cfg.n_layers)] for _ in range(2))
     extra = copy_head.init_cache(cfg, batch, max_len)
     return LayerCaches(k=tuple(k), v=tuple(v), lengths=jnp.zeros((batch,), jnp.int32), extra=extra)
+
+
+def cache_bytes_per_slot(cfg: ModelConfig, max_len: int) -> int:
+    """Bytes of `init_layer_caches` for one slot of `max_len` tokens (shapes only, nothing allocated)."""
+    shapes = jax.eval_shape(lambda: init_layer_caches(sampling_config(cfg), 1, max_len))
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
 
 
 def _zip_buffers(fn, a: LayerCaches, b: LayerCaches, lengths: jax.Array) -> LayerCaches:

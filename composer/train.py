@@ -338,19 +338,21 @@ def accumulate_grads(
     hp: Any,
     line_tokens: copy_head.LineTokens | None = None,
 ):
-    """Scans micro-batches (leading axis of every batch array), summing grads and MaskedSums."""
+    """Scans micro-batches (leading axis of every batch array), summing grads (in f32 whatever the params'
+    dtype: bf16 sums of many micro-batches would round away the small ones) and MaskedSums."""
     loss_fn = functools.partial(loss_fn, line_tokens=line_tokens)
     grad_fn = jax.grad(loss_fn, has_aux=True)
 
     def body(carry, micro):
         grads, sums = carry
         g, m = grad_fn(params, micro, cfg, hp)
-        return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, sums, m)), None
+        grads = jax.tree.map(lambda acc, x: acc + x.astype(acc.dtype), grads, g)
+        return (grads, jax.tree.map(jnp.add, sums, m)), None
 
     first = jax.tree.map(lambda x: x[0], batch)
     sum_shapes = jax.eval_shape(lambda: loss_fn(params, first, cfg, hp)[1])
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes)
-    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    zero_grads = jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), params)  # params are all floats
     (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums), batch)
     return grads, sums
 

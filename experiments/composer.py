@@ -101,6 +101,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         max_prefill_rows=4,  # rows of one prefill / extend call at most (0: decode_slots)
         max_turn_tokens=192,  # the expert's longest turn at difficulty 1 is 166 tokens
         max_active=0,  # episodes alive at once (0: decode_slots)
+        kv_cache_gib=0.0,  # the decode slots' cache at most this big: fewer slots, turns wait (0: no bound)
     )
     c.env = _env()
     c.eval = _values(
@@ -114,6 +115,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         pass_k_tasks=0,  # held-out tasks for the SFT model's pass@k, k = rl.group_size (0: off)
         next_call_tasks=12,  # held-out expert trajectories scored by turn (0: off)
     )
+    c.plan = _values(device="h200")  # --mode=plan: the device kind to plan for (composer/memory_plan.py)
     c.checkpoint = _values(
         every_steps=20,
         rl_every_steps=1,
@@ -231,7 +233,9 @@ def _gpu(c: ConfigDict) -> None:
     c.model.update(
         copy_head_dim=0, copy_head_ngram=0, copy_head_recency=False, copy_head_lines=False, copy_loss_coef=0.0
     )
-    c.moe.update(n_experts=64, top_k=8, d_ff=768, dispatch="ragged_dot")
+    # 32 experts: RL with f32 master weights and AdamW fits one H200 with room to spare (--mode=plan).
+    c.moe.update(n_experts=32, top_k=8, d_ff=768, dispatch="auto")  # Pallas gmm on a GPU, else ragged_dot
+    c.model.attention_impl = "auto"  # the Pallas flash kernels on a GPU, else the XLA forms
     # A micro-batch's activations bounded by its tokens: one 16K-token episode, or eight of 2K.
     c.optim.update(micro_batch_rows=0, micro_batch_tokens=16_384)
     # The learner's memory (docs/scaling.md): layers rematerialised, log-probs over the vocabulary in chunks.
@@ -240,6 +244,7 @@ def _gpu(c: ConfigDict) -> None:
     c.rl.update(steps=1000, tasks_per_step=32, group_size=16, learning_rate=1e-6)
     # max_prefill_rows 0: one call for every waiting request of a width (batching pays here).
     c.sampling.update(decode_slots=256, steps_per_call=32, max_prefill_rows=0, max_turn_tokens=2048)
+    c.sampling.kv_cache_gib = 16.0  # 28 slots of 18K tokens; the held-out curve's sampler takes as much
     c.env.update(n_workers=16, tool_schemas="full", tools="", families="")  # all tools, all eight families
     c.env.update(
         n_train_tasks=5000, n_heldout_tasks=200, difficulty=2, max_turns=40, max_episode_tokens=16_384

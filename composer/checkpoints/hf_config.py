@@ -46,6 +46,8 @@ RUNTIME_FIELDS = (
     "capacity_factor",
     "aux_loss_coef",
     "z_loss_coef",
+    "remat",
+    "logits_chunk",
 )
 
 

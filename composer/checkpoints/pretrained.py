@@ -20,12 +20,14 @@ from composer.model_config import ModelConfig
 from env.tokenizer import Tokenizer
 
 
-def pretrained_model_config(config: ml_collections.ConfigDict) -> tuple[ModelConfig, dict]:
+def pretrained_model_config(
+    config: ml_collections.ConfigDict, backend: str | None = None
+) -> tuple[ModelConfig, dict]:
     """(ModelConfig, config.json dict) of the checkpoint at config.model.init_from, with the experiment
-    config's runtime fields (hf_config.RUNTIME_FIELDS)."""
+    config's runtime fields (hf_config.RUNTIME_FIELDS; 'auto' kernels as on `backend`, default JAX's)."""
     directory = Path(config.model.init_from)
     hf_json = hf.read_hf_config(directory)
-    requested = ModelConfig.from_config(config)
+    requested = ModelConfig.from_config(config, backend)
     runtime = {field: getattr(requested, field) for field in hf_config.RUNTIME_FIELDS}
     cfg = hf_config.model_config_from_hf(hf_json, **runtime)
     for field, (ours, theirs) in hf_config.architecture_differences(requested, cfg).items():

@@ -122,5 +122,7 @@ def pack(sequences: list[dict], config: ml_collections.ConfigDict, batch_size: i
         micro = min(micro, optim.micro_batch_rows)
     if optim.micro_batch_tokens > 0:
         longest = max((len(s["tokens"]) for s in sequences), default=1)
-        micro = min(micro, max(optim.micro_batch_tokens // batching.bucket_length(longest, max_len=max_len), 1))
+        micro = min(
+            micro, max(optim.micro_batch_tokens // batching.bucket_length(longest, max_len=max_len), 1)
+        )
     return batching.pack_sequences(sequences, micro_batch=micro, max_len=max_len)

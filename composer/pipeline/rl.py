@@ -433,7 +433,8 @@ class _Loop:
         if curve.due(config, progress.step):
             data = self.data
             subset = curve.tasks(config, data.heldout_tasks)
-            point = curve.measure(config, self.policy.learner.params, self.cfg, data.tokenizer, subset)
+            # The sampler's weights are the learner's since SYNC: its own sampler shares their buffers.
+            point = curve.measure(config, self.sampler.params, self.cfg, data.tokenizer, subset)
             self.writer.write("eval", progress.step, point)
         # CHECKPOINT
         self.ckpt.save(

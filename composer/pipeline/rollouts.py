@@ -7,10 +7,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import jax
 import ml_collections
+from absl import logging
 from tqdm import tqdm
 
 from composer import copy_head
 from composer.sampler import Sampler
+from composer.sampler_device import cache_bytes_per_slot
 from env import chat
 from env.rollout import RolloutLimits, iter_groups
 from env.rollout.driver import INSTRUCTIONS
@@ -98,8 +100,8 @@ def make_sampler(
     return Sampler(
         params,
         cfg,
-        slots=config.sampling.decode_slots,
-        max_len=config.env.max_episode_tokens + config.sampling.max_turn_tokens,
+        slots=decode_slots(config, cfg),
+        max_len=max_len(config),
         steps_per_call=config.sampling.steps_per_call,
         temperature=temperature,
         top_p=config.sampling.top_p,
@@ -108,6 +110,31 @@ def make_sampler(
         max_rows=config.sampling.max_prefill_rows,
         line_tokens=line_tokens,
     )
+
+
+def max_len(config: ml_collections.ConfigDict) -> int:
+    """The tokens a decode slot holds: an episode's and one more turn's."""
+    return config.env.max_episode_tokens + config.sampling.max_turn_tokens
+
+
+def decode_slots(config: ml_collections.ConfigDict, cfg) -> int:
+    """sampling.decode_slots, or fewer where sampling.kv_cache_gib (> 0) holds fewer: turns beyond the
+    slots wait in the sampler's queue for a free one."""
+    slots, budget = config.sampling.decode_slots, config.sampling.kv_cache_gib
+    if budget <= 0:
+        return slots
+    per_slot = cache_bytes_per_slot(cfg, max_len(config))
+    fit = int(budget * 2**30 // per_slot)
+    if fit < 1:
+        raise ValueError(
+            f"sampling.kv_cache_gib={budget} holds no decode slot: one slot of {max_len(config)} tokens "
+            f"takes {per_slot / 2**30:.2f} GiB"
+        )
+    if fit < slots:
+        logging.info(
+            "sampler: %d of sampling.decode_slots=%d fit sampling.kv_cache_gib=%s", fit, slots, budget
+        )
+    return min(slots, fit)
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ def test_chunked_scores_and_their_gradients_equal_the_whole_vocabulary_at_once()
         (logp, entropy) = loss(x, w, chunk)[1]
         np.testing.assert_allclose(logp, want_logp, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(entropy, want_entropy, rtol=1e-5, atol=1e-5)
-        grads = jax.grad(lambda x, w: loss(x, w, chunk)[0], argnums=(0, 1))(x, w)
+        grads = jax.grad(lambda x, w, c=chunk: loss(x, w, c)[0], argnums=(0, 1))(x, w)
         for got, want in zip(grads, want_grads):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -82,7 +82,9 @@ def test_remat_gives_the_same_gradients(remat):
 def test_full_remat_keeps_less_of_the_forward_for_the_backward():
     cfg = model.ModelConfig(**{**CFG.__dict__, "n_layers": 6, "d_model": 64, "d_ff": 128, "max_seq_len": 512})
     params = model.init(jax.random.key(0), cfg)
-    batch = jax.tree.map(lambda a: a[0], random_batch(jax.random.key(3), 1, 4, 512, vocab_size=cfg.vocab_size))
+    batch = jax.tree.map(
+        lambda a: a[0], random_batch(jax.random.key(3), 1, 4, 512, vocab_size=cfg.vocab_size)
+    )
 
     def grad_fn(c):
         return jax.grad(lambda p, bt: train.sft_loss(p, bt, c)[0])
