@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from composer import attention, model, params, registry
-from composer.model_config import ModelConfig
+from composer.model_config import ModelConfig, resolve_auto
 from experiments import composer as experiment
 
 FORWARD = jax.jit(model.forward, static_argnums=3)
@@ -107,7 +107,9 @@ def test_model_config_from_experiment_config():
         config = experiment.get_config(variant)
         cfg = model.ModelConfig.from_config(config)
         assert cfg.d_model == config.model.d_model and cfg.n_experts == config.moe.n_experts
-        assert cfg.d_ff == config.moe.d_ff and cfg.dispatch == config.moe.dispatch
+        # 'auto' kernels (the :gpu config) are the backend's choice (model_config.AUTO).
+        kernels = resolve_auto({"dispatch": config.moe.dispatch}, jax.default_backend())
+        assert cfg.d_ff == config.moe.d_ff and cfg.dispatch == kernels["dispatch"]
         hash(cfg)  # usable as a static jit argument
     with pytest.raises(ValueError, match="n_kv_heads"):
         ModelConfig(n_heads=4, n_kv_heads=3)
