@@ -16,14 +16,14 @@ from ml_collections import config_flags
 
 from composer import xla_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
+# The model's flags, shared with composer/agent.py (which can serve a run's model in its own process).
+CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file[:variant].", lock_config=True
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "A run's directory: its latest checkpoint and tokenizer.")
+WORKDIR = flags.DEFINE_string("workdir", None, "A run's directory: its latest checkpoint and tokenizer.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _NAME = flags.DEFINE_string("served_model_name", "composer", "The model's name in the API.")
-flags.mark_flag_as_required("config")
 
 
 def build(config, workdir: str | None, model_name: str):
@@ -49,8 +49,10 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import uvicorn
 
+    if CONFIG.value is None:
+        sys.exit("FATAL: --config is required, e.g. --config=experiments/composer.py")
     try:
-        api, engine = build(_CONFIG.value, _WORKDIR.value, _NAME.value)
+        api, engine = build(CONFIG.value, WORKDIR.value, _NAME.value)
     except ValueError as e:
         sys.exit(f"FATAL: {e}")
     try:

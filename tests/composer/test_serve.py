@@ -4,20 +4,15 @@ the same app over an engine that replays fixed turns, for tool calls the random 
 
 import concurrent.futures
 import json
-import socket
-import threading
-import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
+from serving_helpers import Replay, Server
 
 from composer import serve
 from composer.pipeline import learner as learner_lib
-from composer.sampler import TurnOutput
 from composer.serving import openai_api
-from composer.serving.engine import Handle
 from env import chat
 from experiments import composer as experiment
 
@@ -40,32 +35,13 @@ def _tokenizer(config):
     return learner_lib.fit_tokenizer(config, texts + ["def add(a, b):\n    return a + b\n"] * 20)
 
 
-class _Server:
-    def __init__(self, app) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     config = _config()
     workdir = tmp_path_factory.mktemp("run")
     _tokenizer(config).save(workdir / "tokenizer.json")
     app, engine = serve.build(config, str(workdir), "tiny")
-    server = _Server(app)
+    server = Server(app)
     yield server, engine
     server.close()
     engine.close()
@@ -190,26 +166,11 @@ def test_a_body_that_is_not_json_is_a_400_and_the_server_lives_on(served, client
     assert client.models.list().data
 
 
-class _Replay:
-    """An engine that answers every request with the next of `turns` (text), as the sampler would."""
-
-    def __init__(self, tokenizer, config, turns: list[str]) -> None:
-        self.tokenizer, self.config, self.turns = tokenizer, config, list(turns)
-        self.max_len, self.cfg = 1056, type("Cfg", (), {"vocab_size": 1024})()
-
-    def submit(self, prompt_ids, max_new, **kw) -> Handle:
-        handle = Handle("replay")
-        ids = self.tokenizer.encode(self.turns.pop(0) + chat.IM_END)
-        handle.events.put(("tokens", ids, [-0.5] * len(ids)))
-        handle.events.put(("done", TurnOutput("replay", ids, [-0.5] * len(ids), "eos")))
-        return handle
-
-
 def test_tool_calls_come_out_as_openai_tool_calls_and_stream_after_the_text():
     config = _config()
     tokenizer = _tokenizer(config)
-    engine = _Replay(tokenizer, config, ["Looking.\n" + CALL, "Looking.\n" + CALL, "Done: it was a - b."])
-    server = _Server(openai_api.make_app(engine, "tiny"))
+    engine = Replay(tokenizer, config, ["Looking.\n" + CALL, "Looking.\n" + CALL, "Done: it was a - b."])
+    server = Server(openai_api.make_app(engine, "tiny"))
     try:
         client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
         tools = [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}}]

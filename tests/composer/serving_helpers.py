@@ -1,0 +1,48 @@
+"""A server in a thread and an engine that replays fixed turns, for the serving tests (test_serve.py,
+test_agent.py)."""
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from composer.sampler import TurnOutput
+from composer.serving.engine import Handle
+from env import chat
+
+
+class Server:
+    """`app` served by uvicorn on a free local port, in a thread."""
+
+    def __init__(self, app) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+class Replay:
+    """An engine that answers every request with the next of `turns` (text), as the sampler would."""
+
+    def __init__(self, tokenizer, config, turns: list[str]) -> None:
+        self.tokenizer, self.config, self.turns = tokenizer, config, list(turns)
+        self.max_len, self.cfg = 1 << 20, type("Cfg", (), {"vocab_size": 1024})()
+
+    def submit(self, prompt_ids, max_new, **kw) -> Handle:
+        handle = Handle("replay")
+        ids = self.tokenizer.encode(self.turns.pop(0) + chat.IM_END)
+        handle.events.put(("tokens", ids, [-0.5] * len(ids)))
+        handle.events.put(("done", TurnOutput("replay", ids, [-0.5] * len(ids), "eos")))
+        return handle
