@@ -32,10 +32,13 @@ xla_flags.apply()
 import openai  # noqa: E402
 import uvicorn  # noqa: E402
 from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
-from composer import serve  # noqa: E402
 from composer.pipeline import learner as learner_lib  # noqa: E402
+from composer.serving import load  # noqa: E402
 from env import chat  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/composer.py:tiny", "Experiment config.")
 
 
 def _free_port() -> int:
@@ -84,17 +87,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
     args, rest = parser.parse_known_args()
-    if not any(a.startswith("--config=") for a in rest):
-        rest.insert(0, "--config=experiments/composer.py:tiny")
-    flags.FLAGS([sys.argv[0], *rest])  # composer.serve's flags: --config and its overrides
-    config = flags.FLAGS.config
+    flags.FLAGS([sys.argv[0], *rest])  # --config and its overrides
+    config = _CONFIG.value
     workdir = args.workdir
     if workdir is None:
         workdir = tempfile.mkdtemp(prefix="serve-bench-")
         turn = [chat.Message("user", "fix module_1.py"), chat.Message("assistant", "ok")]
         texts = [chat.render_text(turn)] * 50 + [f"module_{i}.py" for i in range(200)]
         learner_lib.fit_tokenizer(config, texts).save(Path(workdir) / "tokenizer.json")
-    api, engine = serve.build(config, workdir, "composer")
+    api, engine = load.build(config, workdir, "composer")
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -39,6 +39,14 @@ def plan(config: ml_collections.ConfigDict) -> None:
 
 def _pipeline(only: str | None) -> Callable[[ml_collections.ConfigDict, Path], None]:
     def mode(config: ml_collections.ConfigDict, workdir: Path) -> None:
+        if only == "eval" and config.eval.endpoint:
+            # Any served model (an OpenAI-compatible endpoint) on a suite, graded as the suite EVAL grades.
+            from composer.pipeline import endpoint_eval
+
+            if not config.eval.tasks:
+                raise ValueError("eval.endpoint needs eval.tasks: the suite directory to evaluate on")
+            endpoint_eval.run(config, workdir)
+            return
         if only == "eval" and config.eval.tasks:
             # Any suite: the latest checkpoint, init_from or the random init; pass@k; a JSON line last.
             from composer.pipeline import eval_suite

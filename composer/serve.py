@@ -9,39 +9,20 @@ fields: composer/serving/openai_api.py. Point any OpenAI client at http://HOST:P
 """
 
 import sys
-from pathlib import Path
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from composer import xla_flags
+from composer.serving import load
 
-# The model's flags, shared with composer/agent.py (which can serve a run's model in its own process).
-CONFIG = config_flags.DEFINE_config_file(
+_CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file[:variant].", lock_config=True
 )
-WORKDIR = flags.DEFINE_string("workdir", None, "A run's directory: its latest checkpoint and tokenizer.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "A run's directory: its latest checkpoint and tokenizer.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _NAME = flags.DEFINE_string("served_model_name", "composer", "The model's name in the API.")
-
-
-def build(config, workdir: str | None, model_name: str):
-    """The FastAPI app and its engine for the model of `workdir` / config (module docstring)."""
-    from composer.pipeline import eval_suite
-    from composer.serving.engine import Engine
-    from composer.serving.openai_api import make_app
-
-    path = Path(workdir).resolve() if workdir else None
-    if not config.model.init_from and (path is None or not (path / "tokenizer.json").exists()):
-        raise ValueError(
-            "serve needs --workdir of a run (with its tokenizer.json) or --config.model.init_from"
-        )
-    scratch = path or Path(".")
-    params, cfg, tokenizer, name = eval_suite.load_model(config, path or Path("/nonexistent"), [], scratch)
-    logging.info("serve: the model is %s", name)
-    engine = Engine(params, cfg, tokenizer, config)
-    return make_app(engine, model_name), engine
 
 
 def main(argv: list[str]) -> None:
@@ -49,10 +30,10 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import uvicorn
 
-    if CONFIG.value is None:
+    if _CONFIG.value is None:
         sys.exit("FATAL: --config is required, e.g. --config=experiments/composer.py")
     try:
-        api, engine = build(CONFIG.value, WORKDIR.value, _NAME.value)
+        api, engine = load.build(_CONFIG.value, _WORKDIR.value, _NAME.value)
     except ValueError as e:
         sys.exit(f"FATAL: {e}")
     try:

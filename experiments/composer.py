@@ -107,6 +107,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.eval = _values(
         n_tasks=200,
         tasks="",  # a suite directory: held-out tasks when training, the suite of --mode=eval ('': none)
+        endpoint="",  # --mode=eval: an OpenAI-compatible endpoint's base URL (instead of a checkpoint)
+        model="",  # and the endpoint's model name
         samples_per_task=1,  # --mode=eval on eval.tasks: episodes a task for pass@k (> 1: temperature > 0)
         temperature=0.0,  # 0: greedy
         episode_timeout_s=900.0,  # a safety cap: EVAL grades, nothing waits on an episode

@@ -10,9 +10,8 @@ import openai
 import pytest
 from serving_helpers import Replay, Server
 
-from composer import serve
 from composer.pipeline import learner as learner_lib
-from composer.serving import openai_api
+from composer.serving import load, openai_api
 from env import chat
 from experiments import composer as experiment
 
@@ -40,7 +39,7 @@ def served(tmp_path_factory):
     config = _config()
     workdir = tmp_path_factory.mktemp("run")
     _tokenizer(config).save(workdir / "tokenizer.json")
-    app, engine = serve.build(config, str(workdir), "tiny")
+    app, engine = load.build(config, str(workdir), "tiny")
     server = Server(app)
     yield server, engine
     server.close()
