@@ -120,7 +120,7 @@ def plan_for(args, device_kind: str) -> dict:
         f"--config.model.max_seq_len={args.tokens}", f"--config.env.max_episode_tokens={args.tokens}",
         "--config.optim.micro_batches=1", f"--config.optim.micro_batch_tokens={args.tokens}",
         "--config.rl.tasks_per_step=1", "--config.rl.group_size=1", "--config.rl.expert_guidance=False",
-        "--config.sft.batch_size=1", f"--config.plan.device={device}",
+        "--config.sft.batch_size=1", "--config.sft.steps=0", f"--config.plan.device={device}",
     ]  # fmt: skip
     if args.small:
         overrides += [f"--config.model.{k}={v}" for k, v in _SMALL.items()]

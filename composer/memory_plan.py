@@ -224,8 +224,10 @@ def plan(config: ml_collections.ConfigDict) -> dict:
         rl_loss, params, rl_batch, mesh, rules, cfg=planned, hp=hp, line_tokens=line_tokens
     )
     activations = backward.memory_analysis().temp_size_in_bytes
-    sft_step = compiled_step(train.sft_step, state, _batch(sft_shape, _TOKENS), mesh, rules, **static)
-    sft_temp = sft_step.memory_analysis().temp_size_in_bytes
+    sft_temp = 0  # a run without SFT (sft.steps 0) has no SFT phase to plan
+    if config.sft.steps > 0:
+        sft_step = compiled_step(train.sft_step, state, _batch(sft_shape, _TOKENS), mesh, rules, **static)
+        sft_temp = sft_step.memory_analysis().temp_size_in_bytes
     gradients = _bytes(
         jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32, sharding=p.sharding), params)
     )
