@@ -39,8 +39,10 @@ class Replay:
     def __init__(self, tokenizer, config, turns: list[str]) -> None:
         self.tokenizer, self.config, self.turns = tokenizer, config, list(turns)
         self.max_len, self.cfg = 1 << 20, type("Cfg", (), {"vocab_size": 1024})()
+        self.prompts: list[list[int]] = []  # what each request gave the model
 
     def submit(self, prompt_ids, max_new, **kw) -> Handle:
+        self.prompts.append(list(prompt_ids))
         handle = Handle("replay")
         ids = self.tokenizer.encode(self.turns.pop(0) + chat.IM_END)
         handle.events.put(("tokens", ids, [-0.5] * len(ids)))

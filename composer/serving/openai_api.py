@@ -2,8 +2,10 @@
 
     GET  /v1/models
     POST /v1/chat/completions   messages (system, user, assistant with tool_calls, tool), tools, tool_choice
-                                ('auto' | 'none'), temperature, top_p, max_tokens / max_completion_tokens,
-                                stop, seed, n, stream (server-sent events of chat.completion.chunk), logprobs
+                                ('auto' | 'none' | 'required' | a named function: the turn starts
+                                with the call, up to its arguments for a named one), temperature,
+                                top_p, max_tokens / max_completion_tokens, stop, seed, n, stream
+                                (server-sent events of chat.completion.chunk), logprobs
     POST /v1/completions        token-exact: `prompt` as token ids (or text); each choice carries the
                                 generated `token_ids` and their log-probs, so a client never re-tokenises
 
@@ -76,10 +78,6 @@ def _stops(body: dict) -> list[str]:
 def _tool_schemas(body: dict, compact: bool) -> list[dict]:
     tools = body.get("tools") or []
     choice = body.get("tool_choice", "auto")
-    if choice not in ("auto", "none"):
-        raise BadRequest(
-            "'tool_choice' supports 'auto' and 'none' (the model cannot be forced to a call)", "tool_choice"
-        )
     if not isinstance(tools, list):
         raise BadRequest("'tools' must be a list", "tools")
     schemas = []
@@ -92,6 +90,31 @@ def _tool_schemas(body: dict, compact: bool) -> list[dict]:
         schema = {"type": "function", "function": {"parameters": {"type": "object", "properties": {}}, **fn}}
         schemas.append(rollouts.compact_schema(schema) if compact else schema)
     return [] if choice == "none" else schemas
+
+
+def forced_call(body: dict) -> str:
+    """The start of the assistant turn that `tool_choice` forces, appended to the prompt: '' for 'auto' and
+    'none'; for 'required' the opening of a call; for a named function the call up to its arguments."""
+    choice = body.get("tool_choice", "auto")
+    if choice in ("auto", "none"):
+        return ""
+    names = [t.get("function", {}).get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
+    if not names:
+        raise BadRequest("'tool_choice' forces a call: give the 'tools' it may call", "tool_choice")
+    if choice == "required":
+        return f'{chat.TOOL_CALL_OPEN}\n{{"name": "'
+    fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    if not isinstance(fn, dict):
+        raise BadRequest(
+            "'tool_choice' must be 'auto', 'none', 'required' or "
+            "{'type': 'function', 'function': {'name': ...}}",
+            "tool_choice",
+        )
+    if fn.get("name") not in names:
+        raise BadRequest(
+            f"'tool_choice' names {fn.get('name')!r}, which is not one of 'tools'", "tool_choice"
+        )
+    return f'{chat.TOOL_CALL_OPEN}\n{{"name": {json.dumps(fn["name"])}, "arguments": '
 
 
 def _arguments(raw: Any, where: str) -> dict:
@@ -227,8 +250,8 @@ class Api:
         seed = kw.pop("seed")
         return [self.engine.submit(ids, seed=None if seed is None else seed * 16 + i, **kw) for i in range(n)]
 
-    def _message(self, out, stops: list[str], tools_on: bool) -> tuple[dict, str]:
-        text = self.tok.decode(out.token_ids)
+    def _message(self, out, stops: list[str], tools_on: bool, forced: str = "") -> tuple[dict, str]:
+        text = forced + self.tok.decode(out.token_ids)
         text, stopped = _cut_at_stop(text, stops)
         finish = "stop" if stopped else _FINISH[out.stop]
         parsed = chat.parse_assistant(text)
@@ -242,16 +265,18 @@ class Api:
         ids, _ = self._prompt(body)
         stops = _stops(body)
         tools_on = bool(body.get("tools")) and body.get("tool_choice", "auto") != "none"
+        forced = forced_call(body)  # the model continues a call it was made to start
+        ids = ids + self.tok.encode(forced) if forced else ids
         handles = self._submit(body, ids)
         rid, want_logprobs = f"chatcmpl-{uuid.uuid4().hex}", bool(body.get("logprobs"))
         if body.get("stream"):
             return StreamingResponse(
-                self._stream(rid, handles, stops, tools_on, len(ids)), media_type="text/event-stream"
+                self._stream(rid, handles, stops, tools_on, forced), media_type="text/event-stream"
             )
         outs = await asyncio.gather(*(asyncio.to_thread(h.result) for h in handles))
         choices = []
         for i, out in enumerate(outs):
-            message, finish = self._message(out, stops, tools_on)
+            message, finish = self._message(out, stops, tools_on, forced)
             choice = {"index": i, "message": message, "finish_reason": finish, "logprobs": None}
             if want_logprobs:
                 choice["logprobs"] = _logprobs(self.tok, out.token_ids, out.logprobs)
@@ -263,7 +288,7 @@ class Api:
             "usage": _usage(len(ids), completion),
         }  # fmt: skip
 
-    async def _stream(self, rid: str, handles: list[Handle], stops: list[str], tools_on: bool, n_prompt: int):
+    async def _stream(self, rid: str, handles: list[Handle], stops: list[str], tools_on: bool, forced: str):
         """Chunks as OpenAI streams them: the role, content deltas as tokens arrive (held back while they
         may open a tool call or a stop string), the tool calls once the turn is done, the finish reason."""
         created = int(time.time())
@@ -287,7 +312,7 @@ class Api:
                     return
                 if event[0] == "tokens":
                     ids += event[1]
-                    text = self.tok.decode(ids).split(chat.IM_END)[0]
+                    text = (forced + self.tok.decode(ids)).split(chat.IM_END)[0]
                     # Text that may still become a tool call or a stop string waits for the end of the turn.
                     safe = _safe_prefix(text, ([chat.TOOL_CALL_OPEN] if tools_on else []) + stops)
                     if safe > shown:
@@ -296,7 +321,7 @@ class Api:
                     continue
                 out = event[1]
                 completion += len(out.token_ids)
-                message, finish = self._message(out, stops, tools_on)
+                message, finish = self._message(out, stops, tools_on, forced)
                 rest = (message.get("content") or "")[shown:] if "tool_calls" not in message else ""
                 if rest:
                     yield chunk(i, {"content": rest})

@@ -136,7 +136,11 @@ def test_concurrent_requests_share_the_decode_steps(served, client):
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0]"),
         ({"messages": [{"role": "user", "content": "x"}], "temperature": 5}, "temperature"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
+            "tool_choice",
+        ),  # no tools
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "x"}}, "tool_choice"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0]"),
         ({"messages": [{"role": "user", "content": LONG}]}, "messages"),
         (
@@ -192,5 +196,34 @@ def test_tool_calls_come_out_as_openai_tool_calls_and_stream_after_the_text():
             last.choices[0].message.content == "Done: it was a - b."
             and not last.choices[0].message.tool_calls
         )
+    finally:
+        server.close()
+
+
+def test_a_named_tool_choice_makes_the_turn_a_call_of_that_tool():
+    config = _config()
+    tokenizer = _tokenizer(config)
+    args = '{"pattern": "def add"}}\n</tool_call>'  # what the model writes after the forced start
+    engine = Replay(tokenizer, config, [args, args])
+    server = Server(openai_api.make_app(engine, "tiny"))
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+        tools = [
+            {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+            for name in ("grep", "read_file")
+        ]
+        kw = dict(model="tiny", messages=[{"role": "user", "content": "fix add"}], tools=tools)
+        r = client.chat.completions.create(
+            tool_choice={"type": "function", "function": {"name": "grep"}}, **kw
+        )
+        (call,) = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "grep"
+        assert json.loads(call.function.arguments) == {"pattern": "def add"}
+        forced = tokenizer.encode('<tool_call>\n{"name": "grep", "arguments": ')
+        assert engine.prompts[-1][-len(forced) :] == forced  # the prompt ends with the call's start
+        with pytest.raises(openai.BadRequestError, match="not one of 'tools'"):
+            client.chat.completions.create(
+                tool_choice={"type": "function", "function": {"name": "edit"}}, **kw
+            )
     finally:
         server.close()
