@@ -1,15 +1,25 @@
 """A server in a thread and an engine that replays fixed turns, for the serving tests (test_serve.py,
-test_agent.py)."""
+test_agent.py, test_endpoint_eval.py)."""
 
 import socket
 import threading
 import time
 
+import pytest
 import uvicorn
 
 from composer.sampler import TurnOutput
 from composer.serving.engine import Handle
 from env import chat
+from env.sandbox import IsolationUnavailable, isolation
+
+
+def require_bubblewrap(who: str) -> None:
+    """Skips the test (saying why) where the sandbox cannot isolate: `who` runs the model's commands."""
+    try:
+        isolation.resolve_isolation("auto")
+    except IsolationUnavailable as e:
+        pytest.skip(f"{who} runs the model's commands, which needs bubblewrap: {e}")
 
 
 class Server:

@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from serving_helpers import Replay, Server
+from serving_helpers import Replay, Server, require_bubblewrap
 
 from composer.pipeline import learner as learner_lib
 from composer.serving import openai_api
 from env import chat
-from env.sandbox import IsolationUnavailable, isolation
 from experiments import composer as experiment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,10 +54,7 @@ def _agent(repo: Path, url: str, *extra: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("apply", [False, True])
 def test_the_agent_fixes_a_copy_prints_the_diff_and_writes_back_only_with_apply(tmp_path, apply):
-    try:  # the agent runs the model's commands: only inside bubblewrap
-        isolation.resolve_isolation("auto")
-    except IsolationUnavailable as e:
-        pytest.skip(f"the agent's sandbox needs bubblewrap: {e}")
+    require_bubblewrap("the agent")
     config = experiment.get_config("tiny")
     tokenizer = learner_lib.fit_tokenizer(config, TURNS * 10)
     server = Server(openai_api.make_app(Replay(tokenizer, config, TURNS), "tiny"))

@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from serving_helpers import Replay, Server
+from serving_helpers import Replay, Server, require_bubblewrap
 
 from composer.pipeline import learner as learner_lib
 from composer.serving import openai_api
 from env import chat
-from env.sandbox import IsolationUnavailable, isolation
 from env.tasks import load_task
 from env.tasks.diffs import apply_patch
 from experiments import composer as experiment
@@ -44,10 +43,7 @@ def _gold_write(task, tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("solves", [True, False])
 def test_a_served_model_is_evaluated_and_graded_on_a_suite(tmp_path, solves):
-    try:  # the episodes run the model's commands: only inside bubblewrap
-        isolation.resolve_isolation("auto")
-    except IsolationUnavailable as e:
-        pytest.skip(f"the episodes' sandbox needs bubblewrap: {e}")
+    require_bubblewrap("each episode")
     suite = _suite(tmp_path)
     (task_dir,) = [p.parent for p in suite.glob("*/task.json")]
     task = load_task(task_dir)
