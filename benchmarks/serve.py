@@ -15,11 +15,9 @@ tokens where the model does not stop first. The last line is one JSON object; `r
 import argparse
 import concurrent.futures
 import json
-import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -30,7 +28,6 @@ from composer import xla_flags  # noqa: E402
 xla_flags.apply()
 
 import openai  # noqa: E402
-import uvicorn  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -39,12 +36,6 @@ from composer.serving import load  # noqa: E402
 from env import chat  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/composer.py:tiny", "Experiment config.")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _one(client: openai.OpenAI, i: int, max_tokens: int) -> dict:
@@ -96,13 +87,8 @@ def main() -> None:
         texts = [chat.render_text(turn)] * 50 + [f"module_{i}.py" for i in range(200)]
         learner_lib.fit_tokenizer(config, texts).save(Path(workdir) / "tokenizer.json")
     api, engine = load.build(config, workdir, "composer")
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    server = load.LocalServer(api)
+    client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=600)
     try:
         # Every wave once first: each compiles the programs of its row counts and lengths.
         for n, count in [(n, max(args.requests, n)) for n in (1, 8, 32)] + [(8, 8), (8, 8)]:
@@ -111,8 +97,7 @@ def main() -> None:
         one_at_a_time = _wave(client, 1, 8, args.max_tokens, engine)
         together = _wave(client, 8, 8, args.max_tokens, engine)
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+        server.close()
         engine.close()
     for n, w in waves.items():
         print(f"{n:>3} clients: {w['requests_per_s']:.2f} req/s, {w['tokens_per_s']:.0f} tok/s, "

@@ -13,8 +13,6 @@ the sandbox (env.sandbox: bubblewrap), never on the host.
 
 import shutil
 import sys
-import threading
-import time
 from pathlib import Path
 
 from absl import app, flags
@@ -38,28 +36,16 @@ _APPLY = flags.DEFINE_bool("apply", False, "Write the agent's changes back to --
 
 def _local_endpoint(config, workdir: str | None):
     """A run's model served in this process on a free port: (base_url, stop)."""
-    import socket
-
-    import uvicorn
-
     from composer.serving import load
 
     api, engine = load.build(config, workdir, "composer")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
+    server = load.LocalServer(api)
 
     def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=10)
+        server.close()
         engine.close()
 
-    return f"http://127.0.0.1:{port}/v1", stop
+    return server.url, stop
 
 
 def main(argv: list[str]) -> None:

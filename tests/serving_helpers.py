@@ -1,14 +1,10 @@
 """A server in a thread and an engine that replays fixed turns, for the serving tests (test_serve.py,
 test_agent.py, test_endpoint_eval.py)."""
 
-import socket
-import threading
-import time
-
 import pytest
-import uvicorn
 
 from composer.sampler import TurnOutput
+from composer.serving import load
 from composer.serving.engine import Handle
 from env import chat
 from env.sandbox import IsolationUnavailable, isolation
@@ -22,25 +18,7 @@ def require_bubblewrap(who: str) -> None:
         pytest.skip(f"{who} runs the model's commands, which needs bubblewrap: {e}")
 
 
-class Server:
-    """`app` served by uvicorn on a free local port, in a thread."""
-
-    def __init__(self, app) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+Server = load.LocalServer  # `app` on a free local port, in a thread: .url, .close()
 
 
 class Replay:

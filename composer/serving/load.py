@@ -22,3 +22,28 @@ def build(config, workdir: str | None, model_name: str):
     logging.info("serve: the model is %s", name)
     engine = Engine(params, cfg, tokenizer, config)
     return make_app(engine, model_name), engine
+
+
+class LocalServer:
+    """`app` served by uvicorn on a free local port, in a thread of this process: `url` is its /v1 base."""
+
+    def __init__(self, app) -> None:
+        import socket
+        import threading
+        import time
+
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{port}/v1"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
