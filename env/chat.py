@@ -68,11 +68,16 @@ class CallError:
 
 @dataclasses.dataclass
 class Message:
-    """One turn. role: 'system' | 'user' | 'assistant' | 'tool' (a tool result, rendered in a user turn)."""
+    """One turn. role: 'system' | 'user' | 'assistant' | 'tool' (a tool result, rendered in a user turn).
+
+    `tools` (a system message's only): the JSON schemas of the callable tools, in the OpenAI form
+    `{"type": "function", "function": {...}}`; each chat format renders them its own way.
+    """
 
     role: str
     content: str = ""
     tool_calls: list[ToolCall] = dataclasses.field(default_factory=list)
+    tools: list[dict] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +136,8 @@ def render_segments(messages: list[Message], add_generation_prompt: bool = False
             raise ValueError(f"unknown role {m.role!r} (expected one of {ROLES})")
         if m.role != "assistant" and m.tool_calls:
             raise ValueError(f"a {m.role!r} message cannot carry tool calls")
+        if m.role != "system" and m.tools:
+            raise ValueError(f"a {m.role!r} message cannot carry tool schemas")
         if m.role == "tool":
             # One user turn holds the results of consecutive tool messages, in order.
             blocks = []
@@ -144,7 +151,8 @@ def render_segments(messages: list[Message], add_generation_prompt: bool = False
             emit(assistant_body(m) + IM_END, True)
             emit("\n", False)
         else:
-            emit(f"{IM_START}{m.role}\n{m.content}{IM_END}\n", False)
+            content = system_content(m.content, m.tools) if m.role == "system" else m.content
+            emit(f"{IM_START}{m.role}\n{content}{IM_END}\n", False)
         i += 1
     if add_generation_prompt:
         emit(f"{IM_START}assistant\n", False)
@@ -157,20 +165,23 @@ def render_text(messages: list[Message], add_generation_prompt: bool = False) ->
 
 
 def system_message(tool_schemas: list[dict], instructions: str) -> Message:
-    """The system turn: the instructions, then the tool schemas (one JSON object a line in `<tools>`).
+    """The system turn: the instructions, and the tool schemas the model may call (rendered by the chat
+    format: `system_content` for composer's own, the `tools` argument of a checkpoint's template)."""
+    return Message("system", instructions, tools=list(tool_schemas))
 
-    With no schemas the content is the instructions alone.
-    """
+
+def system_content(instructions: str, tool_schemas: list[dict]) -> str:
+    """composer's own system text: the instructions, then the tool schemas (one JSON object a line in
+    `<tools>`) and how to call them. With no schemas, the instructions alone."""
     if not tool_schemas:
-        return Message("system", instructions)
+        return instructions
     schemas = "\n".join(json.dumps(s, ensure_ascii=False) for s in tool_schemas)
-    content = (
+    return (
         f"{instructions}\n\n# Tools\n\nThe tools you can call, one JSON schema a line:\n<tools>\n{schemas}\n"
         f"</tools>\n\nCall a tool by writing its name and arguments as one JSON object between tags:\n"
         f'{TOOL_CALL_OPEN}\n{{"name": <tool name>, "arguments": <arguments object>}}\n{TOOL_CALL_CLOSE}\n'
         f"Several calls in one turn run in parallel; their results come back in order."
     )
-    return Message("system", content)
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -283,15 +294,19 @@ def _json_type(value: Any) -> str:
 
 
 def message_to_dict(message: Message) -> dict:
-    """A JSON-able dict: {"role", "content", "tool_calls": [{"name", "arguments"}, ...]}."""
-    return {
+    """A JSON-able dict: {"role", "content", "tool_calls": [{"name", "arguments"}, ...]}, and "tools" for a
+    system message that has schemas."""
+    out = {
         "role": message.role,
         "content": message.content,
         "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in message.tool_calls],
     }
+    if message.tools:
+        out["tools"] = message.tools
+    return out
 
 
 def message_from_dict(d: dict) -> Message:
-    """The inverse of `message_to_dict` ("content" and "tool_calls" may be absent)."""
+    """The inverse of `message_to_dict` ("content", "tool_calls" and "tools" may be absent)."""
     calls = [ToolCall(c["name"], c["arguments"]) for c in d.get("tool_calls", [])]
-    return Message(d["role"], d.get("content", ""), calls)
+    return Message(d["role"], d.get("content", ""), calls, list(d.get("tools", [])))

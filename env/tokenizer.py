@@ -13,15 +13,21 @@ import numpy as np
 import tokenizers as hf
 
 from env import chat
+from env.chat_format import NATIVE, ChatFormat
 
 _SPECIAL_SPLIT = re.compile("|".join(re.escape(t) for t in chat.SPECIAL_TOKENS))
 
 
 class Tokenizer:
-    """A thin wrapper over a `tokenizers.Tokenizer` that never adds BOS/EOS and decodes special tokens."""
+    """A thin wrapper over a `tokenizers.Tokenizer` that never adds BOS/EOS and decodes special tokens.
 
-    def __init__(self, backend: hf.Tokenizer):
+    `chat_format` (env.chat_format): how conversations render to text for this vocabulary: composer's own
+    format, or a checkpoint's chat template (composer.checkpoints.load_tokenizer sets it).
+    """
+
+    def __init__(self, backend: hf.Tokenizer, chat_format: ChatFormat = NATIVE):
         self.backend = backend
+        self.chat_format = chat_format
 
     @classmethod
     def load(cls, path: str | Path) -> "Tokenizer":
@@ -120,19 +126,21 @@ def train_tokenizer(
 
 
 def render(messages: list[chat.Message], tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """A conversation as token ids and a loss mask.
+    """A conversation as token ids and a loss mask, in the tokenizer's chat format (its stream view: see
+    env.chat_format).
 
     Returns (ids [t] int32, loss_mask [t] int32) where loss_mask is 1 exactly on the tokens of each assistant
-    turn's text, calls and closing `<|im_end|>`, 0 elsewhere. The segments of `chat.render_segments` are
-    encoded one by one; every segment boundary sits next to a special token or right after the assistant
-    header's newline, so `ids == encode(render_text(messages))`.
+    turn's text, calls and closing `<|im_end|>`, 0 elsewhere. The segments of the format's `render_segments`
+    are encoded one by one; every segment boundary sits next to a special token or right after a newline,
+    so with composer's own format `ids == encode(render_text(messages))`.
     """
-    return _render(chat.render_segments(messages), tokenizer)
+    return _render(tokenizer.chat_format.render_segments(messages), tokenizer)
 
 
 def render_prompt(messages: list[chat.Message], tokenizer: Tokenizer) -> np.ndarray:
-    """Ids [t] int32 of the conversation then `<|im_start|>assistant\\n`: the prompt to generate from."""
-    return _render(chat.render_segments(messages, add_generation_prompt=True), tokenizer)[0]
+    """Ids [t] int32 of the conversation then the generation prompt (`<|im_start|>assistant\\n`), in the
+    tokenizer's chat format: the prompt to generate from."""
+    return np.asarray(tokenizer.encode(tokenizer.chat_format.prompt_text(messages)), np.int32)
 
 
 def _render(segments: list[tuple[str, bool]], tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:

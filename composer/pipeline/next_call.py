@@ -59,7 +59,7 @@ def next_call_accuracy(
     n_turns = max(k for k, _, _ in cases) + 1
     right, count = [0] * n_turns, [0] * n_turns
     for (k, _, want), out in zip(cases, outs, strict=True):
-        got = chat.parse_assistant(tokenizer.decode(out.token_ids)).calls
+        got = tokenizer.chat_format.parse_assistant(tokenizer.decode(out.token_ids)).calls
         right[k] += same_calls(got, want)
         count[k] += 1
     by_turn = {f"{TURN_KEY}{k + 1}": r / c for k, (r, c) in enumerate(zip(right, count)) if c}

@@ -254,7 +254,7 @@ class Api:
         text = forced + self.tok.decode(out.token_ids)
         text, stopped = _cut_at_stop(text, stops)
         finish = "stop" if stopped else _FINISH[out.stop]
-        parsed = chat.parse_assistant(text)
+        parsed = self.tok.chat_format.parse_assistant(text)
         calls = _tool_calls(parsed.calls) if tools_on else []
         if calls and not stopped:
             return {"role": "assistant", "content": parsed.text or None, "tool_calls": calls}, "tool_calls"

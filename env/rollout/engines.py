@@ -88,7 +88,7 @@ class ScriptedEngine:
 
 def turn_ids(message: Message, tokenizer: Any) -> list[int]:
     """The ids a policy generates for an assistant message: its body, then `<|im_end|>`."""
-    return tokenizer.encode(chat.assistant_body(message) + chat.IM_END)
+    return tokenizer.encode(tokenizer.chat_format.assistant_text(message))
 
 
 def expert_script(

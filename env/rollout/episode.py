@@ -11,8 +11,10 @@ tokenised segment,
     \\n<|im_start|>user\\n<tool_response>\\n{r1}\\n</tool_response>\\n<tool_response>...<|im_end|>\\n
     <|im_start|>assistant\\n
 
-which is what `chat.render_text` writes for the same conversation; `messages` keeps that conversation for
-display, so `decode(ids) == render_text(messages, add_generation_prompt=True)` while generating.
+which is what `chat.render_text` writes for the same conversation (the tokenizer's chat format's
+`continuation`: a checkpoint's template writes its own); `messages` keeps that conversation for display, so
+with composer's own format `decode(ids) == render_text(messages, add_generation_prompt=True)` while
+generating.
 
 Limits: `max_turns` generated turns, `max_episode_tokens` in the whole stream, `episode_timeout_s` of wall
 time. An episode that hits one stops where it is, is marked truncated with the limit's name, and is still
@@ -187,8 +189,8 @@ class Episode:
         else:
             body = tokenizer.decode(generated[:-1])
         self.n_turns += 1
-        parsed = chat.parse_assistant(body)
-        self.messages.append(_assistant_message(body, parsed))
+        parsed = tokenizer.chat_format.parse_assistant(body)
+        self.messages.append(_assistant_message(body, parsed, tokenizer.chat_format))
         calls = list(parsed.calls)
         if not calls:
             self.state = State.GRADING
@@ -214,8 +216,8 @@ class Episode:
         self.turn_empty[-1] = sum(bool(r.found_nothing) for r in results)
         tool_messages = [Message("tool", r.text) for r in results]
         # The newline that follows the assistant's <|im_end|>, then the user turn of results, then the header
-        # of the next assistant turn: the text render_text puts between the two assistant bodies.
-        segment = tokenizer.encode("\n" + chat.render_text(tool_messages, add_generation_prompt=True))
+        # of the next assistant turn: the text the chat format puts between the two assistant turns.
+        segment = tokenizer.encode(tokenizer.chat_format.continuation(tool_messages))
         if now - self.started_at > limits.episode_timeout_s:
             self._truncate("time")
         elif len(self.ids) + len(segment) + 1 >= limits.max_episode_tokens:
@@ -238,11 +240,11 @@ def render_prompt_ids(messages: list[Message], tokenizer: Any) -> list[int]:
     return render_prompt(messages, tokenizer).tolist()
 
 
-def _assistant_message(body: str, parsed: chat.ParsedTurn) -> Message:
+def _assistant_message(body: str, parsed: chat.ParsedTurn, chat_format: Any) -> Message:
     """The display message of a generated turn: structured (text + calls) when that renders back to exactly
     the generated text, else the raw text (malformed calls, odd spacing), so rendering never lies."""
     calls = [c for c in parsed.calls if isinstance(c, ToolCall)]
     structured = Message("assistant", parsed.text, calls)
-    if len(calls) == len(parsed.calls) and chat.assistant_body(structured) == body:
+    if len(calls) == len(parsed.calls) and chat_format.assistant_text(structured) == body + chat.IM_END:
         return structured
     return Message("assistant", body)

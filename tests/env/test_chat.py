@@ -89,10 +89,18 @@ def test_system_message_lists_schemas_one_per_line():
         {"name": "grep", "description": "ripgrep — fast", "parameters": {"type": "object"}},
     ]
     m = chat.system_message(schemas, "You fix bugs.")
-    assert m.role == "system" and m.content.startswith("You fix bugs.")
-    block = m.content.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]
+    assert m.role == "system" and m.content == "You fix bugs." and m.tools == schemas
+    text = chat.render_text([m])
+    assert text.startswith("<|im_start|>system\nYou fix bugs.\n\n# Tools")
+    block = text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]
     assert [json.loads(line) for line in block.split("\n")] == schemas
-    assert chat.system_message([], "Only this.").content == "Only this."
+    assert (
+        chat.render_text([chat.system_message([], "Only this.")])
+        == "<|im_start|>system\nOnly this.<|im_end|>\n"
+    )
+    assert chat.message_from_dict(chat.message_to_dict(m)) == m
+    with pytest.raises(ValueError, match="tool schemas"):
+        chat.render_text([chat.Message("user", "hi", tools=schemas)])
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ def test_trajectory_shape(tmp_path):
     assert trajectory.reward == 1.0 and trajectory.family == task.metadata["family"]
     messages = trajectory.messages
     assert [m.role for m in messages[:2]] == ["system", "user"]
-    assert all(f'"name": "{name}"' in messages[0].content for name in TOOL_NAMES)
+    assert [s["function"]["name"] for s in messages[0].tools] == list(TOOL_NAMES)
     assert messages[1].content == task.problem_statement
     turns = [m for m in messages if m.role == "assistant"]
     assert trajectory.n_turns == len(turns)

@@ -378,3 +378,37 @@ def test_episode_that_keeps_failing_gives_up_without_a_reward(tok):
 )
 def test_first_edit_after_read(turns, expected):
     assert first_edit_after_read(turns) is expected
+
+
+def test_a_checkpoint_template_drives_the_stream(tok):
+    """With Qwen3's own chat template the episode opens with the template's prompt, each turn is what the
+    template writes for it (an empty think block, then text and calls), results follow in its layout, and
+    the stream is what `render` gives for the conversation: what SFT trains on is what RL samples."""
+    from pathlib import Path
+
+    from env.chat_format import TemplateFormat
+
+    template = Path(__file__).resolve().parents[2] / "fixtures" / "chat_templates" / "qwen3.jinja"
+    qwen = tk.Tokenizer(tok.backend, TemplateFormat.load(template.read_text()))
+    (r,), engine, _ = _run(qwen, SOLVE)
+    assert r.n_turns == 3 and r.n_tool_calls == 3 and not r.truncated and r.reward == 1.0
+    assert r.messages[2].tool_calls == [READ, GREP]
+    ids, mask = tk.render(r.messages, qwen)
+    assert r.ids == list(ids[: len(r.ids)]) and r.loss_mask == list(mask[: len(r.ids)])
+    first = next(iter(engine.prompts.values()))
+    assert qwen.decode(first) == qwen.chat_format.prompt_text(r.messages[:2])
+    generated = [qwen.decode(r.ids[a:b]) for a, b in _spans(r.loss_mask)]
+    assert generated == [qwen.chat_format.assistant_text(m) for m in SOLVE]
+    assert all(g.startswith("<think>\n\n</think>\n\n") for g in generated)
+    assert "<|im_start|>user\n<tool_response>\n" in qwen.decode(r.ids)
+
+
+def _spans(mask: list[int]) -> list[tuple[int, int]]:
+    out, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
