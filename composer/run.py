@@ -103,12 +103,17 @@ def main(config: ml_collections.ConfigDict, workdir: str, mode: str) -> None:
     if mode == "plan":
         plan(config)
         return
+    from composer.checkpoints.hf_tokenizer import CHAT_TEMPLATES
     from composer.pipeline.data import task_families
     from env.tools import offered_tools
 
     # Values that would otherwise fail minutes in, or only once a task suite is generated.
     offered_tools(config.env.tools)
     task_families(config)
+    if config.model.chat_template not in CHAT_TEMPLATES:
+        raise ValueError(
+            f"model.chat_template must be one of {CHAT_TEMPLATES}, not {config.model.chat_template!r}"
+        )
     for key in ("env.tasks", "eval.tasks"):
         section, name = key.split(".")
         where = config[section][name]

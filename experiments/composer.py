@@ -160,6 +160,8 @@ def _model() -> ConfigDict:
         remat="none",  # the learner's layers in the backward pass: 'none' | 'full' | 'save_dots'
         logits_chunk=0,  # learner log-probs this many positions at a time (0: all; no copy head only)
         init_from="",  # a local Hugging Face checkpoint directory to start from ('' = random init)
+        # init_from's conversations: 'checkpoint' (its own chat template, when it has one) | 'native'
+        chat_template="checkpoint",
     )
 
 

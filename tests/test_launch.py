@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,11 +71,25 @@ def test_unknown_variant_is_an_error():
         composer_config.get_config("nope")
 
 
+def test_an_unknown_chat_template_choice_fails_before_work_naming_it(tmp_path):
+    workdir = tmp_path / "w"
+    r = _launch(
+        "--config=experiments/composer.py:tiny", "--config.model.chat_template=qwen", f"--workdir={workdir}"
+    )
+    assert r.returncode != 0
+    assert "model.chat_template" in r.stderr and "'qwen'" in r.stderr
+    assert not workdir.exists()
+
+
 def test_eval_of_a_pretrained_checkpoint_runs(tmp_path):
+    """The fixture checkpoint with Qwen3's own chat template: the episodes are prompted in it."""
+    checkpoint = tmp_path / "qwen3_moe"
+    shutil.copytree(ROOT / "tests/fixtures/hf/qwen3_moe", checkpoint)
+    shutil.copy(ROOT / "tests/fixtures/chat_templates/qwen3.jinja", checkpoint / "chat_template.jinja")
     workdir = tmp_path / "w"
     r = _launch(
         "--config=experiments/composer.py:tiny",
-        f"--config.model.init_from={ROOT / 'tests/fixtures/hf/qwen3_moe'}",
+        f"--config.model.init_from={checkpoint}",
         "--config.eval.n_tasks=2",
         "--config.env.max_turns=2",
         "--mode=eval",
@@ -82,6 +97,7 @@ def test_eval_of_a_pretrained_checkpoint_runs(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "solve rate" in r.stdout and "over 2 held-out episodes" in r.stdout
+    assert "conversations in the checkpoint's chat template" in r.stderr
     stats = json.loads((workdir / "eval_pretrained.json").read_text())
     assert stats["episodes"] == 2 and stats["tool_calls_per_episode"] >= 0
 

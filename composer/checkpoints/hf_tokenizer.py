@@ -20,6 +20,10 @@ id of the checkpoint's tokenizer:
 
 The result is checked on a conversation with tool calls (segment-wise ids equal the whole text's ids, and
 decode gives the text back); a tokenizer that fails is an error, never a silent mis-tokenisation.
+
+Conversations are rendered with the checkpoint's own chat template when it has one (`chat_template`
+'checkpoint', env.chat_format.TemplateFormat: its system text, its tool schemas, its turn layout, as
+`transformers` renders it), else, or with 'native', in composer's own format.
 """
 
 import json
@@ -29,6 +33,7 @@ import tokenizers as hf
 from absl import logging
 
 from env import chat
+from env.chat_format import NATIVE, ChatFormat, TemplateFormat
 from env.tokenizer import Tokenizer, render
 
 _PROBE = [
@@ -62,6 +67,37 @@ def chat_template(directory: str | Path) -> str | None:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         return template
     return None
+
+
+CHAT_TEMPLATES = ("checkpoint", "native")
+
+
+def special_tokens(directory: str | Path) -> dict[str, str]:
+    """tokenizer_config.json's named special tokens (bos_token, eos_token...): a template may use them."""
+    config = Path(directory) / "tokenizer_config.json"
+    if not config.is_file():
+        return {}
+    out = {}
+    for key, value in json.loads(config.read_text()).items():
+        if key.endswith("_token") and isinstance(value, dict):
+            value = value.get("content")
+        if key.endswith("_token") and isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def chat_format(directory: str | Path, choice: str = "checkpoint") -> ChatFormat:
+    """The chat format of the checkpoint at `directory`: its own template ('checkpoint', when it has one)
+    or composer's ('native'). Raises ValueError for a template composer cannot read (env.chat_format)."""
+    if choice not in CHAT_TEMPLATES:
+        raise ValueError(f"model.chat_template must be one of {CHAT_TEMPLATES}, not {choice!r}")
+    template = chat_template(directory) if choice == "checkpoint" else None
+    if template is None:
+        return NATIVE
+    try:
+        return TemplateFormat.load(template, special_tokens(directory))
+    except ValueError as e:
+        raise ValueError(f"{directory}: {e}") from e
 
 
 def _without_prefix_space(spec: dict) -> tuple[dict, bool]:
@@ -119,9 +155,10 @@ def _add_chat_tokens(tokenizer: Tokenizer, vocab_size: int) -> list[str]:
 
 
 def check_chat_round_trip(tokenizer: Tokenizer) -> None:
-    """Raises ValueError unless a conversation with tool calls renders (segment by segment) to the ids of
-    its whole text, decodes back to that text, and its assistant turn parses back to the same calls."""
-    text = chat.render_text(_PROBE)
+    """Raises ValueError unless a conversation with tool calls renders (segment by segment, in the
+    tokenizer's chat format) to the ids of its whole text, decodes back to that text, and its assistant turn
+    parses back to the same calls."""
+    text = "".join(t for t, _ in tokenizer.chat_format.render_segments(_PROBE))
     ids, _ = render(_PROBE, tokenizer)
     if list(ids) != tokenizer.encode(text):
         raise ValueError("the tokenizer encodes a conversation differently segment by segment than whole")
@@ -130,17 +167,18 @@ def check_chat_round_trip(tokenizer: Tokenizer) -> None:
     for token in chat.SPECIAL_TOKENS:
         if tokenizer.encode(token) != [tokenizer.token_id(token)]:
             raise ValueError(f"the tokenizer does not encode {token!r} as its single id")
-    body = chat.assistant_body(_PROBE[2]) + chat.IM_END
-    parsed = chat.parse_assistant(tokenizer.decode(tokenizer.encode(body)))
+    body = tokenizer.chat_format.assistant_text(_PROBE[2])
+    parsed = tokenizer.chat_format.parse_assistant(tokenizer.decode(tokenizer.encode(body)))
     if parsed.calls != _PROBE[2].tool_calls:
         raise ValueError(f"tool calls do not survive encode / decode / parse: {parsed.calls}")
 
 
-def load_tokenizer(directory: str | Path, vocab_size: int) -> Tokenizer:
+def load_tokenizer(directory: str | Path, vocab_size: int, chat_template: str = "checkpoint") -> Tokenizer:
     """The checkpoint's tokenizer.json, with the chat special tokens, ready for env.tokenizer.render.
 
-    vocab_size: the model's (config.json's) number of embedding rows. Raises ValueError when the tokenizer
-    cannot serve composer's chat format (see the module docstring).
+    vocab_size: the model's (config.json's) number of embedding rows. chat_template: 'checkpoint' renders
+    conversations with the checkpoint's template when it has one, 'native' with composer's own format.
+    Raises ValueError when the tokenizer cannot serve the chat format (see the module docstring).
     """
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():
@@ -152,5 +190,10 @@ def load_tokenizer(directory: str | Path, vocab_size: int) -> Tokenizer:
     if tokenizer.vocab_size > vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model only {vocab_size} rows")
     _add_chat_tokens(tokenizer, vocab_size)
+    tokenizer.chat_format = chat_format(directory, chat_template)
     check_chat_round_trip(tokenizer)
+    logging.info(
+        "tokenizer: conversations in %s",
+        "composer's own chat format" if tokenizer.chat_format is NATIVE else "the checkpoint's chat template",
+    )
     return tokenizer

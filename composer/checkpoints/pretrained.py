@@ -40,7 +40,7 @@ def pretrained_model_config(
 def pretrained_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     """The tokenizer of the checkpoint at config.model.init_from (reads no weights), for the DATA phase."""
     cfg, _ = pretrained_model_config(config)
-    return hf_tokenizer.load_tokenizer(config.model.init_from, cfg.vocab_size)
+    return hf_tokenizer.load_tokenizer(config.model.init_from, cfg.vocab_size, config.model.chat_template)
 
 
 def load_pretrained(
@@ -58,7 +58,7 @@ def load_pretrained(
     if mesh is None:
         mesh = sharding.make_mesh(config.mesh)
     params = hf.import_params(directory, cfg, hf_json["model_type"], mesh, tuple(config.mesh.rules))
-    tokenizer = hf_tokenizer.load_tokenizer(directory, cfg.vocab_size)
+    tokenizer = hf_tokenizer.load_tokenizer(directory, cfg.vocab_size, config.model.chat_template)
     logging.info(
         "init_from %s: %s, vocab %d (tokenizer %d)",
         directory,

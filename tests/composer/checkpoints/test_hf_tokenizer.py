@@ -9,7 +9,9 @@ import tokenizers as hf
 
 from composer.checkpoints import hf_tokenizer, read_hf_config
 from env import chat
+from env.chat_format import NATIVE, TemplateFormat
 from env.tokenizer import Tokenizer, render, render_prompt
+from env.tools import tool_schemas
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 ARCHS = ("qwen3_moe", "olmoe", "mixtral")
@@ -124,3 +126,39 @@ def test_a_tokenizer_that_normalises_text_is_refused(tmp_path):
     assert hf.Tokenizer.from_file(str(tmp_path / "tokenizer.json")).normalizer is not None
     with pytest.raises(ValueError, match="decode"):
         hf_tokenizer.load_tokenizer(tmp_path, 303)
+
+
+def _with_template(tmp_path: Path, template: str) -> Path:
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        (directory / name).write_text((FIXTURES / "qwen3_moe" / name).read_text())
+    (directory / "chat_template.jinja").write_text(template)
+    return directory
+
+
+def test_a_checkpoint_s_own_template_is_used_unless_native_is_asked_for(tmp_path):
+    qwen3 = (FIXTURES.parent / "chat_templates" / "qwen3.jinja").read_text()
+    directory = _with_template(tmp_path, qwen3)
+    vocab = read_hf_config(directory)["vocab_size"]
+    tok = hf_tokenizer.load_tokenizer(directory, vocab)
+    assert isinstance(tok.chat_format, TemplateFormat) and tok.chat_format.source == qwen3
+    assert dict(tok.chat_format.special)["eos_token"] == "<|im_end|>"
+    messages, _ = _reference("qwen3_moe")
+    prompt = [chat.system_message(tool_schemas(), messages[0].content), messages[1]]
+    assert tok.decode(render_prompt(prompt, tok)) == tok.chat_format.render(prompt, True)
+    assert "# Tools\n\nYou may call one or more functions" in tok.chat_format.render(prompt, True)
+    assert tok.decode(render_prompt(prompt, tok)) != chat.render_text(prompt, True)
+    assert hf_tokenizer.load_tokenizer(directory, vocab, "native").chat_format is NATIVE
+    with pytest.raises(ValueError, match="model.chat_template"):
+        hf_tokenizer.load_tokenizer(directory, vocab, "qwen")
+
+
+def test_a_template_composer_cannot_read_is_an_error_naming_the_checkpoint(tmp_path):
+    directory = _with_template(
+        tmp_path, "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    )
+    with pytest.raises(ValueError, match=f"{directory}.*native"):
+        hf_tokenizer.load_tokenizer(directory, read_hf_config(directory)["vocab_size"])
+    tok = hf_tokenizer.load_tokenizer(directory, read_hf_config(directory)["vocab_size"], "native")
+    assert tok.chat_format is NATIVE
