@@ -37,6 +37,8 @@ TOOL_CALL_CLOSE = "</tool_call>"
 TOOL_RESPONSE_OPEN = "<tool_response>"
 TOOL_RESPONSE_CLOSE = "</tool_response>"
 PAD = "<|endoftext|>"
+THINK_OPEN = "<think>"  # a reasoning block that opens a turn (Qwen3's templates; not a special token here)
+THINK_CLOSE = "</think>"
 SPECIAL_TOKENS: list[str] = [
     IM_START,
     IM_END,
@@ -270,6 +272,19 @@ def _parse_assistant(text: str) -> ParsedTurn:
         pieces.append(text[pos:])
     body = "\n".join(p.strip() for p in pieces if p.strip())
     return ParsedTurn(body, calls)
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(reasoning, answer) of a turn that opens with a `<think>` block, else ("", text). A block that is not
+    closed is all reasoning. Newlines around the reasoning and before the answer are not part of them."""
+    head = text.lstrip()
+    if not head.startswith(THINK_OPEN):
+        return "", text
+    body = head[len(THINK_OPEN) :]
+    end = body.find(THINK_CLOSE)
+    if end < 0:
+        return body.strip("\n"), ""
+    return body[:end].strip("\n"), body[end + len(THINK_CLOSE) :].lstrip("\n")
 
 
 def _unclosed(raw: str) -> CallError:

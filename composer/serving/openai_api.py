@@ -87,7 +87,9 @@ def _tool_schemas(body: dict, compact: bool) -> list[dict]:
             raise BadRequest(
                 f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", f"tools[{i}]"
             )
-        schema = {"type": "function", "function": {"parameters": {"type": "object", "properties": {}}, **fn}}
+        # The client's schema as given (its key order too: a checkpoint's template prints it as JSON).
+        schema = {"type": "function", "function": dict(fn)}
+        schema["function"].setdefault("parameters", {"type": "object", "properties": {}})
         schemas.append(rollouts.compact_schema(schema) if compact else schema)
     return [] if choice == "none" else schemas
 
@@ -162,6 +164,10 @@ def to_messages(body: dict, compact: bool) -> list[chat.Message]:
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                 raise BadRequest(f"{where} must have function.name and function.arguments", where)
             calls.append(chat.ToolCall(fn["name"], _arguments(fn.get("arguments", "{}"), where)))
+        reasoning = m.get("reasoning_content")
+        if m["role"] == "assistant" and isinstance(reasoning, str) and reasoning:
+            # What the model wrote before its answer, back where it wrote it (a template may keep or drop it).
+            content = f"{chat.THINK_OPEN}\n{reasoning}\n{chat.THINK_CLOSE}\n\n{content}"
         role = "system" if m["role"] == "developer" else m["role"]
         messages.append(chat.Message(role, content, calls))
     schemas = _tool_schemas(body, compact)
@@ -254,12 +260,23 @@ class Api:
         text = forced + self.tok.decode(out.token_ids)
         text, stopped = _cut_at_stop(text, stops)
         finish = "stop" if stopped else _FINISH[out.stop]
-        parsed = self.tok.chat_format.parse_assistant(text)
+        # A turn that opens with a think block (Qwen3's templates): the block is reasoning_content.
+        reasoning, answer = chat.split_reasoning(text)
+        parsed = self.tok.chat_format.parse_assistant(answer)
         calls = _tool_calls(parsed.calls) if tools_on else []
         if calls and not stopped:
-            return {"role": "assistant", "content": parsed.text or None, "tool_calls": calls}, "tool_calls"
-        content = text.split(chat.IM_END)[0] if not tools_on else parsed.text
-        return {"role": "assistant", "content": content}, finish
+            message, finish = (
+                {"role": "assistant", "content": parsed.text or None, "tool_calls": calls},
+                "tool_calls",
+            )
+        else:
+            message = {
+                "role": "assistant",
+                "content": answer.split(chat.IM_END)[0] if not tools_on else parsed.text,
+            }
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        return message, finish
 
     async def chat_completions(self, body: dict):
         ids, _ = self._prompt(body)
@@ -303,7 +320,7 @@ class Api:
         for i, handle in enumerate(handles):
             yield chunk(i, {"role": "assistant", "content": ""})
             ids: list[int] = []
-            shown = 0
+            shown = shown_reasoning = 0
             events = handle.events
             while True:
                 event = await asyncio.to_thread(events.get)
@@ -313,6 +330,20 @@ class Api:
                 if event[0] == "tokens":
                     ids += event[1]
                     text = (forced + self.tok.decode(ids)).split(chat.IM_END)[0]
+                    head = text.lstrip()
+                    if chat.THINK_OPEN.startswith(head):  # nothing yet, or a think block's tag arriving
+                        continue
+                    if head.startswith(chat.THINK_OPEN):
+                        body = head[len(chat.THINK_OPEN) :].lstrip("\n")
+                        end = body.find(chat.THINK_CLOSE)
+                        thought = body[:end] if end >= 0 else body[: _safe_prefix(body, [chat.THINK_CLOSE])]
+                        thought = thought.rstrip("\n")  # newlines before </think> are not reasoning
+                        if len(thought) > shown_reasoning:
+                            yield chunk(i, {"reasoning_content": thought[shown_reasoning:]})
+                            shown_reasoning = len(thought)
+                        if end < 0:
+                            continue
+                        text = body[end + len(chat.THINK_CLOSE) :].lstrip("\n")
                     # Text that may still become a tool call or a stop string waits for the end of the turn.
                     safe = _safe_prefix(text, ([chat.TOOL_CALL_OPEN] if tools_on else []) + stops)
                     if safe > shown:
@@ -322,6 +353,9 @@ class Api:
                 out = event[1]
                 completion += len(out.token_ids)
                 message, finish = self._message(out, stops, tools_on, forced)
+                thought = message.get("reasoning_content", "")[shown_reasoning:]
+                if thought:
+                    yield chunk(i, {"reasoning_content": thought})
                 rest = (message.get("content") or "")[shown:] if "tool_calls" not in message else ""
                 if rest:
                     yield chunk(i, {"content": rest})

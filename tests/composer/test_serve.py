@@ -227,3 +227,58 @@ def test_a_named_tool_choice_makes_the_turn_a_call_of_that_tool():
             )
     finally:
         server.close()
+
+
+def test_a_checkpoint_template_serves_its_own_prompts_and_reasoning():
+    """A Qwen3-format model: every prompt is transformers' apply_chat_template of the request (tools and
+    an earlier turn's reasoning included), and a turn's think block comes back as reasoning_content."""
+    transformers = pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from env.chat_format import TemplateFormat
+    from env.tokenizer import Tokenizer
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    template = (fixtures / "chat_templates" / "qwen3.jinja").read_text()
+    tokenizer = Tokenizer.load(fixtures / "hf" / "qwen3_moe" / "tokenizer.json")
+    tokenizer.chat_format = TemplateFormat.load(template)
+    reference = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(fixtures / "hf" / "qwen3_moe" / "tokenizer.json")
+    )
+    turn = "<think>\nThe sign.\n</think>\n\nLooking.\n" + CALL
+    config = _config()
+    config.env.tool_schemas = "full"  # the client's schemas as they are, as a pretrained model was trained
+    engine = Replay(tokenizer, config, [turn, turn, "<think>\n\n</think>\n\nDone."])
+    server = Server(openai_api.make_app(engine, "tiny"))
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+        tools = [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}}]
+        messages = [{"role": "system", "content": "Fix bugs."}, {"role": "user", "content": "fix add"}]
+        r = client.chat.completions.create(model="tiny", messages=messages, tools=tools)
+        message = r.choices[0].message
+        assert message.content == "Looking." and message.model_extra["reasoning_content"] == "The sign."
+        assert [c.function.name for c in message.tool_calls] == ["grep"]
+        chunks = list(
+            client.chat.completions.create(model="tiny", messages=messages, tools=tools, stream=True)
+        )
+        deltas = [c.choices[0].delta for c in chunks]
+        assert "".join((d.model_extra or {}).get("reasoning_content", "") for d in deltas) == "The sign."
+        assert "".join(d.content or "" for d in deltas).strip() == "Looking."
+        call = message.tool_calls[0]
+        history = messages + [
+            {"role": "assistant", "content": "Looking.", "reasoning_content": "The sign.",
+             "tool_calls": [{"id": call.id, "type": "function",
+                             "function": {"name": "grep", "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": "calc.py:1:def add(a, b):"},
+        ]  # fmt: skip
+        last = client.chat.completions.create(model="tiny", messages=history, tools=tools)
+        assert last.choices[0].message.content == "Done." and not last.choices[0].message.tool_calls
+        for sent, prompt in ((messages, engine.prompts[0]), (history, engine.prompts[-1])):
+            text = reference.apply_chat_template(
+                sent, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True
+            )
+            assert tokenizer.decode(prompt) == text, (tokenizer.decode(prompt), text)
+            assert prompt == tokenizer.encode(text)
+        assert "<think>\nThe sign.\n</think>\n\nLooking." in tokenizer.decode(engine.prompts[-1])
+    finally:
+        server.close()

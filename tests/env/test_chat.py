@@ -291,3 +291,16 @@ def test_message_dict_round_trip():
     dumped = json.loads(json.dumps([chat.message_to_dict(m) for m in messages]))
     assert [chat.message_from_dict(d) for d in dumped] == messages
     assert chat.message_from_dict({"role": "user"}) == Message("user")
+
+
+@pytest.mark.parametrize(
+    "text,reasoning,answer",
+    [
+        ("<think>\nThe sign.\n</think>\n\nFixed.", "The sign.", "Fixed."),
+        ("\n<think>\n\n</think>\n\n<tool_call>", "", "<tool_call>"),
+        ("<think>\nstill thinking\n", "still thinking", ""),
+        ("No block. <think>x</think>", "", "No block. <think>x</think>"),
+    ],
+)
+def test_split_reasoning(text, reasoning, answer):
+    assert chat.split_reasoning(text) == (reasoning, answer)
