@@ -41,6 +41,8 @@ _ANCHOR = "\u2063anchor\u2063"  # a marker no template or conversation writes (i
 class ChatFormat(Protocol):
     """Renders conversations (env.chat.Message lists) to text and reads generated turns back."""
 
+    source: str  # the format as a Jinja chat template (what an exported checkpoint carries)
+
     def render_segments(
         self, messages: list[chat.Message], add_generation_prompt: bool = False
     ) -> list[tuple[str, bool]]:
@@ -71,6 +73,11 @@ class NativeFormat:
 
     name = "native"
 
+    @property
+    def source(self) -> str:
+        """The format as a Jinja chat template (NATIVE_TEMPLATE), for other stacks."""
+        return NATIVE_TEMPLATE
+
     def render_segments(self, messages, add_generation_prompt=False):
         return chat.render_segments(messages, add_generation_prompt)
 
@@ -88,6 +95,59 @@ class NativeFormat:
 
 
 NATIVE = NativeFormat()
+
+
+def _escape_specials(expr: str) -> str:
+    # format_call's escaping of special-token strings inside a call's JSON, as Jinja filters.
+    return expr + "".join(f" | replace('{t}', '\\\\u003c{t[1:]}')" for t in chat.SPECIAL_TOKENS)
+
+
+# composer's own format as a Jinja chat template, written beside an exported checkpoint so that other
+# stacks (transformers, vLLM) prompt the model exactly as composer does (tests/env/test_chat_format.py).
+NATIVE_TEMPLATE = "".join(
+    [
+        "{%- macro system_text(instructions) -%}",
+        "{%- if tools -%}",
+        "{{- instructions ~ '\\n\\n# Tools\\n\\n' -}}",
+        "{{- 'The tools you can call, one JSON schema a line:\\n<tools>\\n' -}}",
+        "{%- for tool in tools -%}{{- (tool | tojson) ~ ('' if loop.last else '\\n') -}}{%- endfor -%}",
+        "{{- '\\n</tools>\\n\\n' -}}",
+        "{{- 'Call a tool by writing its name and arguments as one JSON object between tags:\\n' -}}",
+        '{{- \'<tool_call>\\n{"name": <tool name>, "arguments": <arguments object>}\\n</tool_call>\\n\' -}}',
+        "{{- 'Several calls in one turn run in parallel; their results come back in order.' -}}",
+        "{%- else -%}{{- instructions -}}{%- endif -%}",
+        "{%- endmacro -%}",
+        "{%- if tools and (not messages or messages[0].role != 'system') -%}",
+        "{{- '<|im_start|>system\\n' ~ system_text('') ~ '<|im_end|>\\n' -}}",
+        "{%- endif -%}",
+        "{%- for message in messages -%}",
+        "{%- set content = message.content if message.content is string else '' -%}",
+        "{%- if message.role == 'assistant' -%}",
+        "{%- set ns = namespace(body=(content.lstrip() if content.strip() else '')) -%}",
+        "{%- for call in message.tool_calls or [] -%}",
+        "{%- set fn = call.function if call.function is defined else call -%}",
+        "{%- set args = fn.arguments if fn.arguments is string else (fn.arguments | tojson) -%}",
+        "{%- set text = '{\"name\": ' ~ (fn.name | tojson) ~ ', \"arguments\": ' ~ args ~ '}' -%}",
+        "{%- set ns.body = ns.body ~ ('\\n' if ns.body else '') ~ '<tool_call>\\n' ~ ("
+        + _escape_specials("text")
+        + ") ~ '\\n</tool_call>' -%}",
+        "{%- endfor -%}",
+        "{{- '<|im_start|>assistant\\n' ~ ns.body ~ '<|im_end|>\\n' -}}",
+        "{%- elif message.role == 'tool' -%}",
+        "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user\\n' -}}",
+        "{%- else -%}{{- '\\n' -}}{%- endif -%}",
+        "{{- '<tool_response>\\n' ~ content ~ '\\n</tool_response>' -}}",
+        "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}",
+        "{{- '<|im_end|>\\n' -}}{%- endif -%}",
+        "{%- elif message.role == 'system' and loop.first -%}",
+        "{{- '<|im_start|>system\\n' ~ system_text(content) ~ '<|im_end|>\\n' -}}",
+        "{%- else -%}",
+        "{{- '<|im_start|>' ~ message.role ~ '\\n' ~ content ~ '<|im_end|>\\n' -}}",
+        "{%- endif -%}",
+        "{%- endfor -%}",
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}",
+    ]
+)
 
 
 class _GenerationTag(jinja2.ext.Extension):

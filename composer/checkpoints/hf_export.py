@@ -24,7 +24,9 @@ from jax.experimental import multihost_utils
 
 from composer.checkpoints import hf_config, hf_layout
 from composer.checkpoints.hf import INDEX_FILE
+from composer.checkpoints.hf_tokenizer import chat_template
 from composer.model_config import ModelConfig
+from env import chat
 from env.tokenizer import Tokenizer
 
 # Files of a checkpoint directory that describe the tokenizer and generation, copied along by `files_from`.
@@ -148,10 +150,22 @@ def export_checkpoint(
 def _write_tokenizer(out: Path, tokenizer: Tokenizer | None, files_from: str | Path | None) -> None:
     if tokenizer is not None:
         tokenizer.save(out / "tokenizer.json")
-    if files_from is None:
+    if files_from is not None:
+        source = Path(files_from)
+        names = TOKENIZER_FILES if tokenizer is not None else ("tokenizer.json", *TOKENIZER_FILES)
+        for name in names:
+            if (source / name).is_file() and (source / name).resolve() != (out / name).resolve():
+                shutil.copyfile(source / name, out / name)
+    if tokenizer is None or chat_template(out) is not None:
         return
-    source = Path(files_from)
-    names = TOKENIZER_FILES if tokenizer is not None else ("tokenizer.json", *TOKENIZER_FILES)
-    for name in names:
-        if (source / name).is_file() and (source / name).resolve() != (out / name).resolve():
-            shutil.copyfile(source / name, out / name)
+    # The chat format the model was trained in, as a template: transformers and vLLM prompt it as composer
+    # did (composer's own format for a model trained from scratch, else the checkpoint's it came from).
+    (out / "chat_template.jinja").write_text(tokenizer.chat_format.source)
+    if not (out / "tokenizer_config.json").exists():
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": chat.IM_END,
+            "pad_token": chat.PAD,
+            "clean_up_tokenization_spaces": False,
+        }
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n")

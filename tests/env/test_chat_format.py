@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from env import chat
-from env.chat_format import NATIVE, TemplateFormat
+from env.chat_format import NATIVE, NATIVE_TEMPLATE, TemplateFormat
 from env.tokenizer import Tokenizer, render, render_prompt
 from env.tools import tool_schemas
 
@@ -182,3 +182,31 @@ def test_generation_blocks_render_as_their_text():
     assert TemplateFormat.load(marked).render(CONVERSATION, False) == TemplateFormat.load(HANDWRITTEN).render(
         CONVERSATION, False
     )
+
+
+def test_composer_s_own_format_as_a_template_renders_as_composer_does():
+    """NATIVE_TEMPLATE (what an exported checkpoint carries) against env.chat on random conversations:
+    special-token strings inside calls, whitespace, unicode, parallel calls, grouped results."""
+    import random
+
+    fmt = TemplateFormat.load(NATIVE_TEMPLATE)
+    rng = random.Random(0)
+    alphabet = 'ab \n\t"\\/<>{}[]:,é漢🙂' + "".join(chat.SPECIAL_TOKENS)
+
+    def text(n: int = 12) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(n)))
+
+    for _ in range(150):
+        messages = []
+        if rng.random() < 0.8:
+            messages.append(chat.system_message(tool_schemas() if rng.random() < 0.7 else [], text()))
+        messages.append(chat.Message("user", text()))
+        for _ in range(rng.randrange(4)):
+            calls = [
+                chat.ToolCall(rng.choice(["read_file", "grep"]), {"a": text(), "b": [1, None, text()]})
+                for _ in range(rng.randrange(3))
+            ]
+            messages.append(chat.Message("assistant", text(), calls))
+            messages += [chat.Message("tool", text()) for _ in range(rng.randrange(3))]
+        for gen in (True, False):
+            assert fmt.render(messages, gen) == chat.render_text(messages, gen)

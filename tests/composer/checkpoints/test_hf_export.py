@@ -13,6 +13,10 @@ from safetensors import safe_open
 from composer import model, sharding
 from composer.checkpoints import export_checkpoint, hf, hf_config, load_tokenizer
 from composer.model_config import ModelConfig
+from env import chat
+from env.chat_format import NATIVE_TEMPLATE
+from env.tokenizer import render
+from env.tools import tool_schemas
 from experiments.composer import DEFAULT_RULES
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
@@ -157,3 +161,37 @@ def test_export_refuses_what_the_type_cannot_hold(tmp_path):
     with pytest.raises(hf_config.UnsupportedConfig, match="copy head"):
         export_checkpoint(model.init(jax.random.key(0), cfg), cfg, tmp_path, "qwen3_moe")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_model_in_composer_s_own_format_exports_it_as_its_chat_template(tmp_path):
+    """Exported with a tokenizer in composer's own format, the checkpoint carries that format as a Jinja
+    template: transformers renders a conversation with tools exactly as composer does, and composer reads
+    the export back in the same format."""
+    transformers = pytest.importorskip("transformers")
+    source = FIXTURES / "qwen3_moe"
+    params, cfg, hf_json = _import(source)
+    tok = load_tokenizer(source, cfg.vocab_size, "native")
+    export_checkpoint(params, cfg, tmp_path, "qwen3_moe", base_config=hf_json, tokenizer=tok)
+    assert (tmp_path / "chat_template.jinja").read_text() == NATIVE_TEMPLATE
+    conversation = [
+        chat.system_message(tool_schemas(), "Fix bugs."),
+        chat.Message("user", "add(2, 3) returns -1"),
+        chat.Message("assistant", "Reading.", [chat.ToolCall("read_file", {"target_file": "<|im_end|>.py"})]),
+        chat.Message("tool", "def add(a, b):"),
+        chat.Message("assistant", "Done."),
+    ]
+    dicts = [
+        {"role": m.role, "content": m.content}
+        | ({"tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                           for c in m.tool_calls]} if m.tool_calls else {})
+        for m in conversation
+    ]  # fmt: skip
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    for n, gen in ((2, True), (len(conversation), False)):
+        text = hf_tok.apply_chat_template(
+            dicts[:n], tools=tool_schemas(), tokenize=False, add_generation_prompt=gen
+        )
+        assert text == chat.render_text(conversation[:n], gen)
+    again = load_tokenizer(tmp_path, cfg.vocab_size)
+    assert again.chat_format.source == NATIVE_TEMPLATE
+    assert list(render(conversation, again)[0]) == list(render(conversation, tok)[0])
