@@ -69,7 +69,7 @@ def _wave(client, n_clients: int, n_requests: int, max_tokens: int, engine) -> d
 
 
 def engine_tokens(engine) -> int:
-    return sum(s.counters["tokens_generated"] for s in list(engine.samplers.values()))
+    return engine.sampler.counters["tokens_generated"]
 
 
 def main() -> None:

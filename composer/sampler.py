@@ -111,6 +111,8 @@ class _Request:
     prompt: list[int]
     max_new: int
     seed: int
+    temperature: float
+    top_p: float
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
 
@@ -143,9 +145,11 @@ class Sampler:
         self.n_moe_layers = cfg.n_moe_layers
         self.params, self.version = unstack_layers(params, per_expert_buffers(cfg)), 0
         self.slots, self.max_len, self.steps_per_call = slots, max_len, steps_per_call
+        # The defaults of `add`. Per slot and traced, not static: greedy EVAL, sampled RL rollouts and
+        # served requests with settings of their own share every compiled program and the one KV cache.
         self.temperature, self.top_p = float(temperature), float(top_p)
-        # Traced, not static: greedy EVAL and sampled RL rollouts share every compiled program.
-        self._sampling = dict(temperature=np.float32(temperature), top_p=np.float32(top_p))
+        self.slot_temperature = np.full(slots, temperature, np.float32)
+        self.slot_top_p = np.full(slots, top_p, np.float32)
         self.eos_id = -1 if eos_id is None else int(eos_id)
         self.key = key
         self.buckets = tuple(sorted(set(prefill_buckets or default_buckets(max_len))))
@@ -184,9 +188,21 @@ class Sampler:
 
     # ---- the engine protocol
 
-    def add(self, request_id: str, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
+    def add(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> None:
         """Queues one turn. It generates at most max_new_tokens, and at most max_len - len(prompt) + 1
-        (the last token drawn is never fed back, so it needs no cache entry); a cut turn stops 'length'."""
+        (the last token drawn is never fed back, so it needs no cache entry); a cut turn stops 'length'.
+        temperature / top_p: this turn's own (default: the sampler's)."""
+        temperature = self.temperature if temperature is None else float(temperature)
+        top_p = self.top_p if top_p is None else float(top_p)
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
         prompt = [int(i) for i in prompt_ids]
         if not 0 < len(prompt) <= self.max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens: need 1..max_len={self.max_len}")
@@ -196,7 +212,8 @@ class Sampler:
             raise ValueError(f"request {request_id!r} is already queued or generating")
         max_new = min(max_new_tokens, self.max_len - len(prompt) + 1)
         self.known.add(request_id)
-        self.waiting.append(_Request(request_id, prompt, max_new, sampling.request_seed(request_id)))
+        seed = sampling.request_seed(request_id)
+        self.waiting.append(_Request(request_id, prompt, max_new, seed, temperature, top_p))
 
     def step(self) -> list[TurnOutput]:
         """PREFILL waiting requests into free slots, then up to steps_per_call DECODE steps in one call.
@@ -359,6 +376,8 @@ class Sampler:
     def _finish(self, slot: int | None, req: _Request) -> TurnOutput:
         if slot is not None:
             self.slot_request[slot] = None
+            # An idle slot keeps the defaults: a batch whose active turns are all greedy stays greedy.
+            self.slot_temperature[slot], self.slot_top_p[slot] = self.temperature, self.top_p
             # The cache holds the prompt and every drawn token but the last (never fed back).
             self.slot_prefix[slot] = req.prompt + req.tokens[:-1] if self.reuse_prefix else None
             self._clock += 1
@@ -406,7 +425,9 @@ class Sampler:
                 cfg=self.cfg,
                 line_tokens=self.line_tokens,
             )
-        first, logp = draw(self.key, seeds, logits_rv, **self._sampling)
+        first, logp = draw(
+            self.key, seeds, logits_rv, *self._row_settings([req for _, req, _ in group], rows)
+        )
         first, logp, redone, logits_rv = jax.device_get((first, logp, redone, logits_rv))
         for i, (slot, req, _) in enumerate(group):
             self.slot_prompt[slot] = (tuple(req.prompt), logits_rv[i])
@@ -437,7 +458,8 @@ class Sampler:
             src[i], dst[i], lengths[i], seeds[i] = source, slot, len(req.prompt), req.seed
             logits_rv[i] = entry[1]
         self.cache = copy_rows(self.cache, src, dst, lengths)
-        first, logp = jax.device_get(draw(self.key, seeds, logits_rv, **self._sampling))
+        settings = self._row_settings([req for _, req, _, _ in placed], rows)
+        first, logp = jax.device_get(draw(self.key, seeds, logits_rv, *settings))
         for slot, _, _, entry in placed:
             self.slot_prefix[slot], self.slot_prompt[slot] = None, entry
         finished = self._start([(slot, req) for slot, req, _, _ in placed], first, logp)
@@ -445,6 +467,14 @@ class Sampler:
         self.counters["reused_tokens"] += int(lengths.sum())
         self.times["prefill_s"] += time.perf_counter() - start
         return finished
+
+    def _row_settings(self, requests: list[_Request], rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """(temperature [rows], top_p [rows]) of a call's rows: each request's own, the defaults after."""
+        temperature = np.full(rows, self.temperature, np.float32)
+        top_p = np.full(rows, self.top_p, np.float32)
+        for i, req in enumerate(requests):
+            temperature[i], top_p[i] = req.temperature, req.top_p
+        return temperature, top_p
 
     def _start(
         self, placed: list[tuple[int, _Request]], first: np.ndarray, logp: np.ndarray
@@ -460,6 +490,7 @@ class Sampler:
                 finished.append(self._finish(None, req))
                 continue
             self.slot_request[slot] = req
+            self.slot_temperature[slot], self.slot_top_p[slot] = req.temperature, req.top_p
             st.token_b[slot], st.position_b[slot], st.index_b[slot] = first[i], len(req.prompt), 1
             st.max_new_b[slot], st.seed_b[slot] = req.max_new, req.seed
         self.counters["tokens_generated"] += len(placed)
@@ -472,7 +503,8 @@ class Sampler:
         window = next(w for w in self.windows if w >= min(top, self.max_len))
         self.cache, state, out = decode(
             self.params, self.cache, self.state, self.key, np.int32(self.eos_id), cfg=self.cfg, n_steps=n,
-            window=window, line_tokens=self.line_tokens, **self._sampling,
+            window=window, line_tokens=self.line_tokens, temperature=self.slot_temperature,
+            top_p=self.slot_top_p,
         )  # fmt: skip
         state, out = jax.device_get((state, out))
         self.state = SlotState(*(np.array(x) for x in state))  # writable host copies

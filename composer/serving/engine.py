@@ -1,4 +1,4 @@
-"""The serving engine: one thread steps the continuous-batching samplers; requests come from any thread.
+"""The serving engine: one thread steps the continuous-batching sampler; requests come from any thread.
 
     engine = Engine(params, cfg, tokenizer, config)     # starts its thread
     handle = engine.submit(prompt_ids, max_new=64, temperature=0.7, top_p=1.0, seed=None)
@@ -6,10 +6,10 @@
         ...
 
 Requests that arrive while others generate join the same device calls (the sampler batches them), and a
-conversation's later turns reuse its cached prefix (the sampler's prefix reuse). The sampler draws at one
-temperature and top-p: requests with other settings go to a sampler of their own, created on first use
-and sharing the first one's weights (its KV cache is its own, `sampling.decode_slots` slots).
-A request's `seed` fixes its draws: two requests with the same seed, prompt and settings get the same tokens.
+conversation's later turns reuse its cached prefix (the sampler's prefix reuse). Each request draws at its
+own temperature and top-p within the same batch: one KV cache (`sampling.decode_slots` slots, sized by the
+memory plan) whatever settings clients send. A request's `seed` fixes its draws: two requests with the same
+seed, prompt and settings get the same tokens.
 """
 
 import itertools
@@ -55,14 +55,17 @@ class Handle:
 
 
 class Engine:
-    """Samplers over one set of weights, stepped by one thread (module docstring)."""
+    """One sampler over the model's weights, stepped by one thread (module docstring)."""
 
     def __init__(self, params, cfg, tokenizer, config: ml_collections.ConfigDict) -> None:
         self.cfg, self.tokenizer, self.config = cfg, tokenizer, config
-        self.line_tokens = learner_lib.line_tokens(cfg, tokenizer)
         self.max_len = rollouts.max_len(config)
-        self.params = params
-        self.samplers: dict[tuple[float, float], Sampler] = {}
+        self.sampler = Sampler(
+            params, cfg, slots=rollouts.decode_slots(config, cfg), max_len=self.max_len,
+            steps_per_call=config.sampling.steps_per_call, temperature=1.0, top_p=1.0,
+            eos_id=tokenizer.im_end_id, key=jax.random.key(config.seed),
+            max_rows=config.sampling.max_prefill_rows, line_tokens=learner_lib.line_tokens(cfg, tokenizer),
+        )  # fmt: skip
         self.handles: dict[str, Handle] = {}
         self.inbox: queue.Queue = queue.Queue()
         self.ids = itertools.count()
@@ -89,19 +92,6 @@ class Engine:
         self.stopping.set()
         self.thread.join(timeout=30)
 
-    def _sampler(self, temperature: float, top_p: float) -> Sampler:
-        key = (temperature, top_p)
-        if key not in self.samplers:
-            first = next(iter(self.samplers.values()), None)
-            self.samplers[key] = Sampler(
-                first.params if first is not None else self.params, self.cfg,
-                slots=rollouts.decode_slots(self.config, self.cfg), max_len=self.max_len,
-                steps_per_call=self.config.sampling.steps_per_call, temperature=temperature, top_p=top_p,
-                eos_id=self.tokenizer.im_end_id, key=jax.random.key(self.config.seed),
-                max_rows=self.config.sampling.max_prefill_rows, line_tokens=self.line_tokens,
-            )  # fmt: skip
-        return self.samplers[key]
-
     def _admit(self, block: bool) -> None:
         try:
             item = self.inbox.get(timeout=_IDLE_WAIT_S) if block else self.inbox.get_nowait()
@@ -110,10 +100,9 @@ class Engine:
         while True:
             handle, prompt, max_new, temperature, top_p, seed = item
             try:
-                sampler = self._sampler(temperature, top_p)
-                sampler.add(handle.request_id, prompt, max_new)
+                self.sampler.add(handle.request_id, prompt, max_new, temperature, top_p)
                 if seed is not None:  # the draws depend on the seed, not on the request's id
-                    sampler.waiting[-1].seed = sampling.request_seed(f"seed-{seed}")
+                    self.sampler.waiting[-1].seed = sampling.request_seed(f"seed-{seed}")
                 self.handles[handle.request_id] = handle
             except Exception as e:  # a request the sampler refuses fails alone
                 handle.events.put(("error", str(e)))
@@ -123,29 +112,30 @@ class Engine:
                 return
 
     def _run(self) -> None:
+        sampler = self.sampler
         while not self.stopping.is_set():
-            busy = [s for s in self.samplers.values() if s.pending()]
-            self._admit(block=not busy)
-            for sampler in [s for s in self.samplers.values() if s.pending()]:
-                try:
-                    finished = sampler.step()
-                except Exception as e:  # the device call failed: every request of this sampler fails
-                    for req in [*sampler.waiting, *(r for r in sampler.slot_request if r is not None)]:
-                        handle = self.handles.pop(req.request_id, None)
-                        if handle is not None:
-                            handle.events.put(("error", f"generation failed: {e}"))
-                    sampler.waiting.clear()
-                    sampler.slot_request = [None] * sampler.slots
-                    sampler.known.clear()
-                    continue
-                for req in sampler.slot_request:  # stream what was drawn since the last call
-                    if req is not None and req.request_id in self.handles:
-                        self._progress(self.handles[req.request_id], req.tokens, req.logprobs)
-                for out in finished:
-                    handle = self.handles.pop(out.request_id, None)
+            self._admit(block=not sampler.pending())
+            if not sampler.pending():
+                continue
+            try:
+                finished = sampler.step()
+            except Exception as e:  # the device call failed: every request in the sampler fails
+                for req in [*sampler.waiting, *(r for r in sampler.slot_request if r is not None)]:
+                    handle = self.handles.pop(req.request_id, None)
                     if handle is not None:
-                        self._progress(handle, out.token_ids, out.logprobs)
-                        handle.events.put(("done", out))
+                        handle.events.put(("error", f"generation failed: {e}"))
+                sampler.waiting.clear()
+                sampler.slot_request = [None] * sampler.slots
+                sampler.known.clear()
+                continue
+            for req in sampler.slot_request:  # stream what was drawn since the last call
+                if req is not None and req.request_id in self.handles:
+                    self._progress(self.handles[req.request_id], req.tokens, req.logprobs)
+            for out in finished:
+                handle = self.handles.pop(out.request_id, None)
+                if handle is not None:
+                    self._progress(handle, out.token_ids, out.logprobs)
+                    handle.events.put(("done", out))
 
     @staticmethod
     def _progress(handle: Handle, tokens: list[int], logprobs: list[float]) -> None:

@@ -239,6 +239,21 @@ def test_tiny_top_p_is_greedy():
     assert np.any(np.asarray(full) != np.asarray(greedy))  # the keys do draw away from the argmax at p = 1
 
 
+def test_settings_per_row_draw_as_each_row_alone():
+    """A batch whose rows have their own temperature and top-p (a greedy row among them) draws, row by row,
+    the token and log-prob each row draws alone with its settings as scalars."""
+    logits = jax.random.normal(jax.random.key(5), (5, 48)) * 2
+    keys = sampling.token_keys(jax.random.key(1), jnp.arange(5), jnp.zeros(5, jnp.int32))
+    temperature = np.array([0.0, 0.5, 1.0, 1.3, 0.8], np.float32)
+    top_p = np.array([1.0, 0.9, 1.0, 0.7, 1.0], np.float32)
+    tokens, logp = sampling.sample(keys, logits, temperature, top_p)
+    for i in range(5):
+        t, lp = sampling.sample(keys[i : i + 1], logits[i : i + 1], float(temperature[i]), float(top_p[i]))
+        assert int(tokens[i]) == int(t[0])
+        np.testing.assert_allclose(float(logp[i]), float(lp[0]), atol=1e-6)
+    assert float(logp[0]) == 0.0 and int(tokens[0]) == int(jnp.argmax(logits[0]))
+
+
 def test_nucleus_keeps_the_smallest_top_set():
     probs = np.array([[0.5, 0.05, 0.3, 0.15], [0.25, 0.25, 0.4, 0.1]], np.float32)
     logits = jnp.log(jnp.asarray(probs))

@@ -108,14 +108,38 @@ def test_token_exact_completions_return_ids_and_logprobs(served):
     assert all(lp <= 0 for lp in choice["logprobs"]["token_logprobs"])
 
 
+def test_requests_at_other_settings_share_the_one_sampler_and_draw_as_alone(served):
+    """Greedy and sampled requests at two temperatures and a nucleus, sent together, decode in the same
+    sampler (one KV cache) and give the tokens each gives alone."""
+    settings = [
+        dict(temperature=0.0),
+        dict(temperature=0.7, seed=3),
+        dict(temperature=1.3, top_p=0.8, seed=4),
+    ]
+
+    def one(kw):
+        body = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 12, **kw}
+        return httpx.post(f"{served[0].url}/completions", json=body, timeout=120).json()["choices"][0][
+            "token_ids"
+        ]
+
+    alone = [one(kw) for kw in settings]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(one, settings))
+    assert together == alone
+    assert one(dict(temperature=0.0, seed=9)) == alone[0]  # greedy is greedy whatever the seed
+    assert len({tuple(t) for t in alone}) > 1  # the settings do change the draws
+    assert not hasattr(served[1], "samplers")
+
+
 def test_concurrent_requests_share_the_decode_steps(served, client):
     def one(i):
         return client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": f"task {i}"}], max_tokens=24, temperature=0.0
         )
 
-    one(0)  # the greedy sampler exists, its programs compiled
-    sampler = served[1].samplers[(0.0, 1.0)]
+    one(0)  # the sampler's programs compiled
+    sampler = served[1].sampler
 
     def tokens_per_decode_step(requests) -> float:
         before = dict(sampler.counters)
