@@ -27,7 +27,8 @@ def get_config(arg: str = "") -> ConfigDict:
     c.site_files = 6000  # Python files drawn from site-packages (held-out packages excluded)
     c.generated_tasks = 150  # env/tasks/generator.py tasks made for statement -> function pairs
     c.suites = ""  # comma-separated real-repository suites (env.tasks build) to train on
-    c.task_share = 0.3  # of each batch, from task pairs when there are any
+    c.report_pairs = 2000  # test failure report -> tested function pairs from installed test suites
+    c.shares = (0.5, 0.2, 0.3)  # of each batch: site-packages functions, test reports, tasks
     c.vocab_min_count = 2
     c.model = ConfigDict(
         dict(
@@ -37,7 +38,7 @@ def get_config(arg: str = "") -> ConfigDict:
     )  # fmt: skip
     if arg == "tiny":
         c.steps, c.batch, c.warmup_steps = 6, 8, 2
-        c.site_files, c.generated_tasks = 40, 0
+        c.site_files, c.generated_tasks, c.report_pairs = 40, 0, 0
         c.model.update(vocab_size=500, hash_buckets=64, d_model=32, n_heads=2, d_ff=64, max_len=64)
         c.model.update(query_len=32, chunk_len=48)
     elif arg:

@@ -5,8 +5,12 @@ high for the query that are not the answer):
 
 1. Python sources installed in site-packages: for each function and method, its docstring's first
    paragraph -> its code without the docstring, and its name (words split apart) -> its code without the
-   signature. Packages in HELD_OUT_PACKAGES are skipped: benchmarks/search.py evaluates on them, so no code
-   of theirs may be trained on. Hard negatives: BM25 over all these chunks.
+   signature. And from the tests installed with packages: a test `test_foo` whose package defines one
+   function `foo` gives a failure report written as the task builder writes one (its opening, the test's
+   lines that call foo, an error, its closing; env/tasks/build/statement.py) -> foo's code, with the test
+   itself as the hard negative (BM25's usual mistake on such reports). Packages in HELD_OUT_PACKAGES are
+   skipped: benchmarks/search.py evaluates on them, so no code of theirs may be trained on. Hard negatives of
+   the other pairs: BM25 over all these chunks.
 2. Bug-fix tasks: the problem statement -> the chunk (function) that the gold patch edits, with hard
    negatives from the same repository (often its tests, which share the statement's names). Generated tasks
    (env/tasks/generator.py) are made on the spot; real-repository suites built by `python -m env.tasks
@@ -22,6 +26,7 @@ import dataclasses
 import os
 import random
 import site
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +40,7 @@ HELD_OUT_PACKAGES = frozenset({"toolz", "tlz", "cachetools", "more_itertools"})
 MAX_FILE_BYTES = 200_000
 MAX_PAIRS_PER_FILE = 6
 HARD_NEGATIVES = 4
+MAX_REPORTS_PER_PACKAGE = 60
 
 
 @dataclasses.dataclass
@@ -95,22 +101,124 @@ def site_packages_pairs(max_files: int, seed: int, roots: list[str] | None = Non
                 dirnames[:] = sorted(d for d in dirnames if d not in ("tests", "test", "__pycache__"))
                 for f in sorted(filenames):
                     if f.endswith(".py") and not f.startswith("test"):
-                        files.append(os.path.join(dirpath, f))
+                        files.append((root, os.path.join(dirpath, f)))
             if top.endswith(".py"):
-                files.append(os.path.join(root, top))
+                files.append((root, os.path.join(root, top)))
     rng = random.Random(seed)
     rng.shuffle(files)
     pairs: list[Pair] = []
-    for full in files[:max_files]:
+    for root, full in files[:max_files]:
         try:
             if os.path.getsize(full) > MAX_FILE_BYTES:
                 continue
             text = Path(full).read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        rel = os.path.relpath(full, os.path.dirname(os.path.dirname(full)))
+        rel = os.path.relpath(full, root)
         pairs += function_pairs(rel.replace(os.sep, "/"), text, rng)
     return pairs
+
+
+_ERRORS = (
+    "AssertionError",
+    "AssertionError: assert False",
+    "TypeError: unsupported operand type(s)",
+    "ValueError: invalid value",
+    "IndexError: list index out of range",
+    "KeyError: 'x'",
+    "AttributeError: 'NoneType' object has no attribute",
+)
+
+
+def _package_files(root: str, top: str) -> list[str]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        files += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+    return files
+
+
+def _is_test_file(path: str) -> bool:
+    parts = path.replace(os.sep, "/").split("/")
+    return parts[-1].startswith("test") or "tests" in parts or "test" in parts
+
+
+def _read(path: str) -> str | None:
+    try:
+        if os.path.getsize(path) > MAX_FILE_BYTES:
+            return None
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def test_report_pairs(max_pairs: int, seed: int, roots: list[str] | None = None) -> list[Pair]:
+    """Failure report of a test -> the function it tests (module docstring), from installed test suites."""
+    from env.tasks.build import statement
+
+    rng = random.Random(seed)
+    pairs: list[Pair] = []
+    for root in roots if roots is not None else site.getsitepackages():
+        tops = sorted(t for t in os.listdir(root) if os.path.isdir(os.path.join(root, t)))
+        for top in tops:
+            if top in HELD_OUT_PACKAGES or top.startswith((".", "_")) or "." in top:
+                continue
+            files = _package_files(root, top)
+            tests = [f for f in files if _is_test_file(os.path.relpath(f, root))][:200]
+            wanted: dict[str, list[tuple[str, str, list[str]]]] = {}
+            for f in tests:
+                text = _read(f)
+                try:
+                    tree = ast.parse(text) if text else None
+                except (SyntaxError, ValueError):
+                    continue
+                if tree is None:
+                    continue
+                lines = text.splitlines()
+                for node in tree.body:
+                    if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
+                        continue
+                    name = node.name[5:]
+                    body = lines[node.lineno - 1 : node.end_lineno]
+                    calls = [ln.strip() for ln in body[1:] if name + "(" in ln]
+                    if calls and len(name) > 2:
+                        rel = os.path.relpath(f, root).replace(os.sep, "/")
+                        wanted.setdefault(name, []).append((rel, rel + "\n" + "\n".join(body[:60]), calls))
+            if not wanted:
+                continue
+            defs: dict[str, list[str]] = {}
+            for f in files:
+                if _is_test_file(os.path.relpath(f, root)):
+                    continue
+                text = _read(f)
+                if not text or not any(f"def {n}(" in text for n in wanted):
+                    continue
+                rel = os.path.relpath(f, root).replace(os.sep, "/")
+                lines = text.splitlines()
+                try:
+                    tree = ast.parse(text)
+                except (SyntaxError, ValueError):
+                    continue
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in wanted:
+                        start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                        chunk = lines[start - 1 : min(node.end_lineno, start + 59)]
+                        defs.setdefault(node.name, []).append(rel + "\n" + "\n".join(chunk))
+            per_package = 0
+            for name, found in sorted(defs.items(), key=lambda kv: zlib.crc32(kv[0].encode()) ^ seed):
+                if len(found) != 1 or per_package >= MAX_REPORTS_PER_PACKAGE:  # one def of that name only
+                    continue
+                per_package += 1
+                for rel, test_chunk, calls in wanted[name][:2]:
+                    node_id = f"{rel}::test_{name}"
+                    shown = "\n".join(calls[:3]) + "\n" + rng.choice(_ERRORS)
+                    report = "\n\n".join(
+                        [rng.choice(statement._OPENINGS).format(first=node_id), f"```\n{shown}\n```",
+                         rng.choice(statement._CLOSINGS)]
+                    )  # fmt: skip
+                    pairs.append(Pair(report, found[0], [test_chunk], "test_report"))
+    rng.shuffle(pairs)
+    return pairs[:max_pairs]
 
 
 def mine_negatives(pairs: list[Pair], pool: list[str], k: int = HARD_NEGATIVES) -> None:

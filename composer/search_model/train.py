@@ -94,27 +94,30 @@ def _key(text: str) -> bytes:
 
 def make_batch(
     rng: np.random.Generator,
-    site: list[data.Pair],
-    tasks: list[data.Pair],
+    pools: list[list[data.Pair]],
+    shares: list[float],
     tok: se.Tokenizer,
     cfg: se.EncoderConfig,
     size: int,
-    task_share: float,
 ) -> Batch:
-    """`size` pairs (task pairs with probability task_share), each with one hard negative (a random chunk of
-    the site pairs when it has none); duplicates of a label masked out of its row."""
+    """`size` distinct pairs, each drawn from pools[i] with probability shares[i] (empty pools skipped), each
+    with one of its hard negatives (a random chunk of pools[0] when it has none); duplicates of a label
+    are masked out of its row."""
+    live = [(pool, share) for pool, share in zip(pools, shares) if pool]
+    probs = np.array([share for _, share in live]) / sum(share for _, share in live)
     chosen: list[data.Pair] = []
     seen: set[bytes] = set()
     while len(chosen) < size:
-        pool = tasks if tasks and rng.random() < task_share else site
+        pool = live[int(rng.choice(len(live), p=probs))][0]
         p = pool[int(rng.integers(len(pool)))]
         if _key(p.chunk) not in seen:
             seen.add(_key(p.chunk))
             chosen.append(p)
+    other = pools[0]
     negatives = [
         p.negatives[int(rng.integers(len(p.negatives)))]
         if p.negatives
-        else site[int(rng.integers(len(site)))].chunk
+        else other[int(rng.integers(len(other)))].chunk
         for p in chosen
     ]
     candidates = [p.chunk for p in chosen] + negatives
@@ -134,14 +137,18 @@ def generated_tasks(count: int, seed: int, out: Path) -> list:
     return generator.generate_suite(out, count, seed, difficulty=1) if count else []
 
 
-def load_pairs(config) -> tuple[list[data.Pair], list[data.Pair]]:
-    """(site-packages pairs, task pairs), negatives mined."""
+def load_pairs(config) -> tuple[list[data.Pair], list[data.Pair], list[data.Pair]]:
+    """(site-packages function pairs, test-report pairs, task pairs), negatives mined."""
     from env.tasks.task import load_suite
 
     t0 = time.perf_counter()
     site = data.site_packages_pairs(config.site_files, config.seed)
     data.mine_negatives(site, [p.chunk for p in site])
-    logging.info("search_model: %d site-packages pairs (%.0f s)", len(site), time.perf_counter() - t0)
+    reports = data.test_report_pairs(config.report_pairs, config.seed)
+    logging.info(
+        "search_model: %d site-packages pairs, %d test reports (%.0f s)", len(site), len(reports),
+        time.perf_counter() - t0,
+    )  # fmt: skip
     tasks = []
     for suite in filter(None, config.suites.split(",")):
         suite_tasks = load_suite(suite)
@@ -155,19 +162,18 @@ def load_pairs(config) -> tuple[list[data.Pair], list[data.Pair]]:
     with tempfile.TemporaryDirectory() as tmp:
         tasks += data.task_pairs(generated_tasks(config.generated_tasks, config.seed, Path(tmp)))
     logging.info("search_model: %d task pairs (%.0f s)", len(tasks), time.perf_counter() - t0)
-    return site, tasks
+    return site, reports, tasks
 
 
 def _held_out_dists() -> list[str]:
     return sorted(data.HELD_OUT_PACKAGES | {p.replace("_", "-") for p in data.HELD_OUT_PACKAGES})
 
 
-def fit(
-    config, site: list[data.Pair], tasks: list[data.Pair]
-) -> tuple[se.EncoderConfig, list[str], dict, list]:
-    """Vocabulary and trained params from the pairs: (model config, vocab, numpy params, metrics history)."""
+def fit(config, pools: list[list[data.Pair]]) -> tuple[se.EncoderConfig, list[str], dict, list]:
+    """Vocabulary and trained params from the pairs (site-packages, test reports, tasks), drawn by
+    config.shares: (model config, vocab, numpy params, metrics history)."""
     cfg = model_config(config)
-    texts = [t for p in site + tasks for t in (p.query, p.chunk)]
+    texts = [t for pool in pools for p in pool for t in (p.query, p.chunk)]
     vocab = build_vocab(texts, cfg.vocab_size, config.vocab_min_count)
     cfg = dataclasses.replace(cfg, vocab_size=len(vocab))
     tok = se.Tokenizer(vocab, cfg.hash_buckets)
@@ -179,7 +185,7 @@ def fit(
     history = []
     for step in range(config.steps):
         rng = np.random.default_rng((config.seed, step))
-        batch = make_batch(rng, site, tasks, tok, cfg, config.batch, config.task_share)
+        batch = make_batch(rng, pools, list(config.shares), tok, cfg, config.batch)
         state, metrics = update(state, batch)
         if step % 20 == 0 or step == config.steps - 1:
             m = {k: float(v) for k, v in metrics.items()}
@@ -191,14 +197,15 @@ def fit(
 def train(config, out: Path | str) -> dict:
     """Makes the pairs, trains, writes the model directory `out`; returns the summary (in config.json too)."""
     t0 = time.perf_counter()
-    site, tasks = load_pairs(config)
+    site, reports, tasks = load_pairs(config)
     t_data = time.perf_counter() - t0
-    cfg, vocab, params, history = fit(config, site, tasks)
+    cfg, vocab, params, history = fit(config, [site, reports, tasks])
     summary = {
         "seed": config.seed,
         "steps": config.steps,
         "batch": config.batch,
         "site_pairs": len(site),
+        "test_report_pairs": len(reports),
         "task_pairs": len(tasks),
         "suites": config.suites,
         "held_out_packages": sorted(data.HELD_OUT_PACKAGES),

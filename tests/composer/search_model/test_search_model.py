@@ -132,8 +132,8 @@ def test_training_is_deterministic_given_the_seed():
     config.steps, config.batch = 3, 4
     config.model.update(d_model=16, n_heads=2, d_ff=32, max_len=16, query_len=8, chunk_len=12, hash_buckets=8)
     site = _pairs(24, 0)
-    _, vocab_a, params_a, hist_a = train.fit(config, site, site[:5])
-    _, vocab_b, params_b, hist_b = train.fit(config, site, site[:5])
+    _, vocab_a, params_a, hist_a = train.fit(config, [site, [], site[:5]])
+    _, vocab_b, params_b, hist_b = train.fit(config, [site, [], site[:5]])
     assert vocab_a == vocab_b and hist_a == hist_b
     jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
     assert hist_a[-1]["loss"] != hist_a[0]["loss"]  # it trained
@@ -149,3 +149,22 @@ def test_tokenizer_pieces_and_unknown_hashing(text):
         assert ids[1:3] == [se.N_SPECIAL, se.N_SPECIAL + 1]
         assert all(se.N_SPECIAL + 2 <= i < se.N_SPECIAL + 2 + 4 for i in ids[3:])
     assert len(tok.encode("a_b " * 50, se.CHUNK, 5)) <= 5
+
+
+def test_installed_packages_give_pairs_and_held_out_ones_none(tmp_path):
+    for top in ("pkg", "toolz"):
+        (tmp_path / top / "tests").mkdir(parents=True)
+        (tmp_path / top / "core.py").write_text(SOURCE.split("def test_")[0])
+        (tmp_path / top / "tests" / "test_core.py").write_text(
+            "def test_parse_config():\n    x = 1\n    assert parse_config('a') == {}\n"
+        )
+    reports = data.test_report_pairs(10, 0, roots=[str(tmp_path)])
+    assert len(reports) == 1
+    (r,) = reports
+    assert "pkg/tests/test_core.py::test_parse_config" in r.query and "assert parse_config('a')" in r.query
+    assert r.chunk.startswith("pkg/core.py\ndef parse_config(path):")
+    assert r.negatives == [
+        "pkg/tests/test_core.py\n" + (tmp_path / "pkg/tests/test_core.py").read_text()[:-1]
+    ]
+    site = data.site_packages_pairs(100, 0, roots=[str(tmp_path)])
+    assert site and all(p.chunk.startswith("pkg/") for p in site)
