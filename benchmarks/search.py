@@ -7,8 +7,10 @@ Quality. For each task of the suites (SWE-bench format, built by `python -m env.
 its problem statement and the answer the function the gold patch edits: the chunk of codebase_search's
 index (env/tools/codebase_search.py) holding a changed line. The whole repository is ranked (tests,
 docs and all, as the tool sees it) by BM25 alone, the hashed stand-in alone, the learned model alone, the
-hybrid the tool runs with the learned model (RRF of BM25 and the model) and the tool's fallback hybrid
-(RRF of BM25 and the hashed stand-in). Reported: recall@1/5/10 (the answer in the top k) and MRR.
+hybrid the tool runs with the learned model (RRF of BM25 and the model, the model's term weighted by the
+`dense_weight` training fitted on validation suites) and the tool's fallback hybrid (RRF of BM25 and the
+hashed stand-in). Reported: recall@1/5/10 (the answer in the top k) and MRR (composer/search_model/
+evaluate.py).
 
 The default suites are built here on first use, 20 tasks each of the packages composer.search_model never
 trains on (data.HELD_OUT_PACKAGES), with
@@ -30,7 +32,6 @@ build < 60 s. The last line is one JSON object.
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -42,12 +43,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from composer.search_model import data  # noqa: E402
+from composer.search_model import data, evaluate  # noqa: E402
 from env.chat import ToolCall  # noqa: E402
 from env.tasks.task import load_suite  # noqa: E402
 from env.tools import ToolContext, execute  # noqa: E402
 from env.tools import search_encoder as se  # noqa: E402
-from env.tools.codebase_search import HashedNgramEncoder, SearchIndex  # noqa: E402
+from env.tools.codebase_search import HashedNgramEncoder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SUITES = {
@@ -55,7 +56,6 @@ DEFAULT_SUITES = {
     "cachetools": "cachetools==5.5.0",
     "more-itertools": "more-itertools==10.5.0",
 }
-KS = (1, 5, 10)
 
 
 def ensure_suites(arg: str) -> list[Path]:
@@ -68,36 +68,6 @@ def ensure_suites(arg: str) -> list[Path]:
             cmd = [sys.executable, "-m", "env.tasks", "build", "--pypi", spec, "--out", str(path)]
             subprocess.run(cmd + ["--count", "20", "--seed", "0", "--no-environment"], cwd=ROOT, check=True)
         out.append(path)
-    return out
-
-
-def quality(tasks: list, encoders: dict) -> dict:
-    """method -> {recall@k, mrr} over the tasks (module docstring)."""
-    methods = {
-        "bm25": ("hashed", True, False),
-        "hashed": ("hashed", False, True),
-        "learned": ("learned", False, True),
-        "hybrid": ("learned", True, True),
-        "hybrid_hashed": ("hashed", True, True),
-    }
-    ranks = {m: [] for m in methods}
-    for task in tasks:
-        indexes = {}
-        for name, enc in encoders.items():
-            indexes[name] = SearchIndex(enc)
-            indexes[name].refresh(os.path.realpath(task.repo), set())
-        chunks = indexes["hashed"].chunks
-        gold = set(data.gold_chunks(task, chunks))
-        if not gold:
-            continue
-        for m, (enc, lexical, dense) in methods.items():
-            order = indexes[enc].rank(task.problem_statement, list(range(len(chunks))), lexical, dense)
-            ranks[m].append(next(r for r, i in enumerate(order, 1) if i in gold))
-    out = {}
-    for m, rs in ranks.items():
-        r = np.array(rs)
-        out[m] = {f"recall@{k}": round(float((r <= k).mean()), 3) for k in KS}
-        out[m]["mrr"] = round(float((1.0 / r).mean()), 3)
     return out
 
 
@@ -150,9 +120,11 @@ def main() -> None:
     tasks = [t for s in suites for t in load_suite(s)]
     trained_on = json.loads((Path(args.search_model) / "config.json").read_text())["training"]
     held_out = set(trained_on["held_out_packages"])
-    encoders = {"hashed": HashedNgramEncoder(), "learned": se.LearnedEncoder.from_dir(args.search_model)}
+    learned = se.LearnedEncoder.from_dir(args.search_model)
+    encoders = {"hashed": HashedNgramEncoder(), "learned": learned}
     t0 = time.perf_counter()
-    result = quality(tasks, encoders)
+    ranks = evaluate.gold_ranks(tasks, encoders, {"hybrid": learned.dense_weight})
+    result = {m: evaluate.summarize(r) for m, r in ranks.items()}
     quality_s = time.perf_counter() - t0
     print(
         f"{'method':<14} {'R@1':>6} {'R@5':>6} {'R@10':>6} {'MRR':>6}"
@@ -173,6 +145,7 @@ def main() -> None:
         "suites": [s.name for s in suites],
         "tasks": len(tasks),
         "held_out_packages": sorted(held_out),
+        "dense_weight": learned.dense_weight,
         **{m: r for m, r in result.items()},
         "hybrid_minus_bm25_recall@5": round(gain, 3),
         **sp,

@@ -27,6 +27,7 @@ def get_config(arg: str = "") -> ConfigDict:
     c.site_files = 6000  # Python files drawn from site-packages (held-out packages excluded)
     c.generated_tasks = 150  # env/tasks/generator.py tasks made for statement -> function pairs
     c.suites = ""  # comma-separated real-repository suites (env.tasks build) to train on
+    c.validation_suites = ""  # suites (not trained on) on which the fusion's dense weight is fitted
     c.report_pairs = 2000  # test failure report -> tested function pairs from installed test suites
     c.shares = (0.5, 0.2, 0.3)  # of each batch: site-packages functions, test reports, tasks
     c.vocab_min_count = 2

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from composer.search_model import data, encoder
+from composer.search_model import data, encoder, evaluate
 from env.tools import search_encoder as se
 
 
@@ -150,23 +150,25 @@ def load_pairs(config) -> tuple[list[data.Pair], list[data.Pair], list[data.Pair
         time.perf_counter() - t0,
     )  # fmt: skip
     tasks = []
+    _check_not_held_out(config.suites)
     for suite in filter(None, config.suites.split(",")):
-        suite_tasks = load_suite(suite)
-        held = {t.metadata.get("source", "") for t in suite_tasks}
-        bad = [s for s in held if any(s.startswith(f"pypi:{p}") for p in _held_out_dists())]
-        if bad:
-            raise ValueError(
-                f"suite {suite} is built from held-out packages {bad}: benchmarks/search.py uses them"
-            )
-        tasks += data.task_pairs(suite_tasks)
+        tasks += data.task_pairs(load_suite(suite))
     with tempfile.TemporaryDirectory() as tmp:
         tasks += data.task_pairs(generated_tasks(config.generated_tasks, config.seed, Path(tmp)))
     logging.info("search_model: %d task pairs (%.0f s)", len(tasks), time.perf_counter() - t0)
     return site, reports, tasks
 
 
-def _held_out_dists() -> list[str]:
-    return sorted(data.HELD_OUT_PACKAGES | {p.replace("_", "-") for p in data.HELD_OUT_PACKAGES})
+def _check_not_held_out(suites: str) -> None:
+    """Raises if a suite is built from a held-out package (benchmarks/search.py evaluates on those)."""
+    from env.tasks.task import load_suite
+
+    dists = data.HELD_OUT_PACKAGES | {p.replace("_", "-") for p in data.HELD_OUT_PACKAGES}
+    for suite in filter(None, suites.split(",")):
+        sources = {t.metadata.get("source", "") for t in load_suite(suite)}
+        bad = sorted(s for s in sources if any(s.startswith(f"pypi:{p}==") for p in dists))
+        if bad:
+            raise ValueError(f"suite {suite} is built from held-out packages {bad}")
 
 
 def fit(config, pools: list[list[data.Pair]]) -> tuple[se.EncoderConfig, list[str], dict, list]:
@@ -200,6 +202,15 @@ def train(config, out: Path | str) -> dict:
     site, reports, tasks = load_pairs(config)
     t_data = time.perf_counter() - t0
     cfg, vocab, params, history = fit(config, [site, reports, tasks])
+    dense_weight, weight_mrr = 1.0, {}
+    if config.validation_suites:
+        from env.tasks.task import load_suite
+
+        _check_not_held_out(config.validation_suites)
+        val = [t for s in config.validation_suites.split(",") for t in load_suite(s)]
+        model = se.LearnedEncoder(cfg, vocab, params)
+        dense_weight, weight_mrr = evaluate.fit_dense_weight(val, model)
+        logging.info("search_model: hybrid MRR by dense weight on validation %s", weight_mrr)
     summary = {
         "seed": config.seed,
         "steps": config.steps,
@@ -212,7 +223,9 @@ def train(config, out: Path | str) -> dict:
         "parameters": int(encoder.param_count(params)),
         "data_s": round(t_data, 1),
         "train_s": round(time.perf_counter() - t0 - t_data, 1),
+        "validation_suites": config.validation_suites,
+        "validation_mrr_by_dense_weight": {str(k): v for k, v in weight_mrr.items()},
         "history": history,
     }
-    se.save(out, cfg, vocab, params, summary)
+    se.save(out, cfg, vocab, params, summary, dense_weight)
     return summary

@@ -294,11 +294,19 @@ class SearchIndex:
             for i, c in enumerate(self.chunks)
             if prefixes is None or any(c.path == p or c.path.startswith(p + "/") for p in prefixes)
         ]
-        return [self.chunks[i] for i in self.rank(query, candidates)[:k]]
+        weight = getattr(self.encoder, "dense_weight", 1.0)  # a trained model's, fitted with it
+        return [self.chunks[i] for i in self.rank(query, candidates, dense_weight=weight)[:k]]
 
-    def rank(self, query: str, candidates: list[int], lexical: bool = True, dense: bool = True) -> list[int]:
-        """`candidates` (chunk indices) best first: by RRF of the BM25 and cosine rankings, or by one alone
-        (a chunk without any query term has no BM25 rank)."""
+    def rank(
+        self,
+        query: str,
+        candidates: list[int],
+        lexical: bool = True,
+        dense: bool = True,
+        dense_weight: float = 1.0,
+    ) -> list[int]:
+        """`candidates` (chunk indices) best first: by RRF of the BM25 and cosine rankings (the cosine's term
+        times dense_weight), or by one alone (a chunk without any query term has no BM25 rank)."""
         if not candidates:
             return []
         fused = dict.fromkeys(candidates, 0.0)
@@ -313,7 +321,7 @@ class SearchIndex:
             encode_query = getattr(self.encoder, "encode_queries", self.encoder.encode)
             cosine = self.vectors @ encode_query([query])[0]
             for rank, i in enumerate(sorted(candidates, key=lambda i: -cosine[i])):
-                fused[i] += 1.0 / (RRF_K + rank + 1)
+                fused[i] += dense_weight / (RRF_K + rank + 1)
         return sorted(candidates, key=lambda i: -fused[i])
 
 

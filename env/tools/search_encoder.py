@@ -2,7 +2,8 @@
 
 A model directory (written by `python -m composer.search_model train --out DIR`) holds:
 
-    config.json   the shapes (EncoderConfig's fields)
+    config.json   the shapes (EncoderConfig's fields); `dense_weight`, the weight of the cosine ranking in
+                  codebase_search's fusion, fitted on validation suites (1 when absent)
     vocab.json    the tokenizer's pieces, most frequent first
     params.npz    the weights, flattened with '/' between levels of the params pytree
 
@@ -177,11 +178,19 @@ def unflatten(flat: dict[str, np.ndarray], n_layers: int) -> dict:
     return params
 
 
-def save(out: Path | str, cfg: EncoderConfig, vocab: Sequence[str], params: dict, meta: dict) -> None:
+def save(
+    out: Path | str,
+    cfg: EncoderConfig,
+    vocab: Sequence[str],
+    params: dict,
+    meta: dict,
+    dense_weight: float = 1.0,
+) -> None:
     """Writes a model directory (module docstring); `meta` goes into config.json under 'training'."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), "training": meta}, indent=1))
+    raw = {**dataclasses.asdict(cfg), "dense_weight": dense_weight, "training": meta}
+    (out / "config.json").write_text(json.dumps(raw, indent=1))
     (out / "vocab.json").write_text(json.dumps(list(vocab)))
     np.savez(out / "params.npz", **{k: np.asarray(v, np.float32) for k, v in flatten(params).items()})
 
@@ -189,8 +198,16 @@ def save(out: Path | str, cfg: EncoderConfig, vocab: Sequence[str], params: dict
 class LearnedEncoder:
     """The trained encoder as an `Encoder` for codebase_search (texts are code chunks)."""
 
-    def __init__(self, cfg: EncoderConfig, vocab: Sequence[str], params: dict, name: str = ""):
+    def __init__(
+        self,
+        cfg: EncoderConfig,
+        vocab: Sequence[str],
+        params: dict,
+        name: str = "",
+        dense_weight: float = 1.0,
+    ):
         self.cfg, self.params, self.name = cfg, params, name
+        self.dense_weight = dense_weight
         self.tokenizer = Tokenizer(vocab, cfg.hash_buckets)
         self._cache: dict[bytes, np.ndarray] = {}
 
@@ -203,7 +220,7 @@ class LearnedEncoder:
         vocab = json.loads((path / "vocab.json").read_text())
         with np.load(path / "params.npz") as f:
             params = unflatten({k: f[k] for k in f.files}, cfg.n_layers)
-        return cls(cfg, vocab, params, name=str(path))
+        return cls(cfg, vocab, params, name=str(path), dense_weight=float(raw.get("dense_weight", 1.0)))
 
     def _run(self, rows: list[list[int]]) -> np.ndarray:
         """Vectors of token rows, batched by length bucket (module docstring)."""

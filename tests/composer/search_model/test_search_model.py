@@ -168,3 +168,30 @@ def test_installed_packages_give_pairs_and_held_out_ones_none(tmp_path):
     ]
     site = data.site_packages_pairs(100, 0, roots=[str(tmp_path)])
     assert site and all(p.chunk.startswith("pkg/") for p in site)
+
+
+def test_gold_ranks_find_the_edited_function(tmp_path):
+    from composer.search_model import evaluate
+    from env.tasks.task import Task
+    from env.tools.codebase_search import HashedNgramEncoder
+
+    repo = tmp_path / "t" / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "core.py").write_text(SOURCE.split("def test_")[0] + "\ndef other():\n    return 1\n")
+    patch = (
+        "diff --git a/pkg/core.py b/pkg/core.py\n--- a/pkg/core.py\n+++ b/pkg/core.py\n"
+        '@@ -5,1 +5,1 @@\n-        return dict(line.split("=") for line in f)\n+        return {}\n'
+    )
+    task = Task(
+        "t", "`test_parse_config` fails: parse config of a file", "", [], [], patch, "", 10.0, repo.parent
+    )
+    ranks = evaluate.gold_ranks([task], {"hashed": HashedNgramEncoder()}, {})
+    assert set(ranks) == {"bm25", "hashed", "hybrid_hashed"} and ranks["bm25"] == [1]
+    assert evaluate.summarize([1, 2, 20]) == {
+        "recall@1": 0.333,
+        "recall@5": 0.667,
+        "recall@10": 0.667,
+        "mrr": 0.5,
+    }
+    weight, mrr = evaluate.fit_dense_weight([task], HashedNgramEncoder(), weights=(1.0, 2.0))
+    assert weight in (1.0, 2.0) and set(mrr) == {1.0, 2.0}
