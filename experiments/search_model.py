@@ -18,7 +18,7 @@ ConfigDict = ml_collections.ConfigDict
 def get_config(arg: str = "") -> ConfigDict:
     c = ConfigDict()
     c.seed = 0
-    c.steps = 300
+    c.steps = 600
     c.batch = 32  # queries per step; each brings its chunk and one hard negative
     c.learning_rate = 2e-3
     c.warmup_steps = 40
@@ -29,7 +29,7 @@ def get_config(arg: str = "") -> ConfigDict:
     c.suites = ""  # comma-separated real-repository suites (env.tasks build) to train on
     c.validation_suites = ""  # suites (not trained on) on which the fusion's dense weight is fitted
     c.report_pairs = 2000  # test failure report -> tested function pairs from installed test suites
-    c.shares = (0.5, 0.2, 0.3)  # of each batch: site-packages functions, test reports, tasks
+    c.shares = (0.4, 0.3, 0.3)  # of each batch: site-packages functions, test reports, tasks
     c.vocab_min_count = 2
     c.model = ConfigDict(
         dict(

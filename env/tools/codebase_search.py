@@ -273,7 +273,7 @@ class SearchIndex:
         self.files = seen
         self.chunks = [c for rel in sorted(seen) for c in seen[rel][1]]
         texts = [c.text() for c in self.chunks]
-        keys = [hashlib.blake2b(t.encode(), digest_size=16).digest() for t in texts]
+        keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
         missing = {k: t for k, t in zip(keys, texts) if k not in self._vector_cache}
         if missing:
             vectors = self.encoder.encode(list(missing.values()))

@@ -238,7 +238,7 @@ class LearnedEncoder:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """[b] code chunks -> [b, d], cached by content hash."""
-        keys = [hashlib.blake2b(t.encode(), digest_size=16).digest() for t in texts]
+        keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
         missing = {k: t for k, t in zip(keys, texts) if k not in self._cache}
         if missing:
             rows = [self.tokenizer.encode(t, CHUNK, self.cfg.chunk_len) for t in missing.values()]
