@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import re
+import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -210,6 +211,7 @@ class LearnedEncoder:
         self.dense_weight = dense_weight
         self.tokenizer = Tokenizer(vocab, cfg.hash_buckets)
         self._cache: dict[bytes, np.ndarray] = {}
+        self._lock = threading.Lock()  # episodes of a worker search from several threads
 
     @classmethod
     def from_dir(cls, path: Path | str) -> "LearnedEncoder":
@@ -239,15 +241,16 @@ class LearnedEncoder:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """[b] code chunks -> [b, d], cached by content hash."""
         keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
-        missing = {k: t for k, t in zip(keys, texts) if k not in self._cache}
-        if missing:
-            rows = [self.tokenizer.encode(t, CHUNK, self.cfg.chunk_len) for t in missing.values()]
-            if len(self._cache) + len(missing) > CACHE_MAX:
-                self._cache.clear()
-            self._cache.update(zip(missing, self._run(rows)))
         if not texts:
             return np.zeros((0, self.cfg.d_model), np.float32)
-        return np.stack([self._cache[k] for k in keys])
+        with self._lock:
+            missing = {k: t for k, t in zip(keys, texts) if k not in self._cache}
+            if missing:
+                rows = [self.tokenizer.encode(t, CHUNK, self.cfg.chunk_len) for t in missing.values()]
+                if len(self._cache) + len(missing) > CACHE_MAX:
+                    self._cache.clear()
+                self._cache.update(zip(missing, self._run(rows)))
+            return np.stack([self._cache[k] for k in keys])
 
 
 @functools.lru_cache(maxsize=4)
