@@ -212,6 +212,7 @@ def _env() -> ConfigDict:
         command_timeout_s=30.0,
         tool_schemas="compact",  # 'full' (with descriptions) | 'compact' (names and argument types)
         tools="run_terminal_cmd,grep,search_replace",  # offered tools ('': all eleven)
+        search_model="",  # codebase_search's trained encoder (python -m composer.search_model); '': hashed
     )
 
 

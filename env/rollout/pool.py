@@ -82,7 +82,8 @@ class LocalPool(RolloutPool):
 
     isolation and limits go to every `env.sandbox.Sandbox` (None: the sandbox's default limits). Sandboxes
     take the first free slot themselves (slots are machine-wide locks, shared with graders and other pools).
-    tools: the tools episodes may call (None: all of them; env.tools.ToolContext).
+    tools: the tools episodes may call (None: all of them; env.tools.ToolContext). search_model:
+    codebase_search's trained encoder, a model directory ('': the hashed fallback; env.tools.ToolContext).
     """
 
     _workers_are = "workers"  # what errors call the workers
@@ -94,11 +95,13 @@ class LocalPool(RolloutPool):
         isolation: str = "auto",
         limits: Any = None,
         tools: tuple[str, ...] | None = None,
+        search_model: str = "",
     ):
         if n_workers < 1:
             raise ValueError(f"n_workers must be at least 1, got {n_workers}")
         self._mp = multiprocessing.get_context("spawn")
         self._isolation, self._limits, self._tools = isolation, limits, tools
+        self._search_model = search_model
         self._workers: list[_Handle] = []
         self._where: dict[str, int] = {}  # live episode -> worker index
         self._workspaces: dict[str, str] = {}
@@ -211,7 +214,7 @@ class LocalPool(RolloutPool):
         parent, child = self._mp.Pipe(duplex=True)
         process = self._mp.Process(
             target=run_worker,
-            args=(child, index, self._isolation, self._limits, self._tools),
+            args=(child, index, self._isolation, self._limits, self._tools, self._search_model),
             name=f"rollout-worker-{index}",
             daemon=True,
         )
@@ -320,7 +323,8 @@ POOLS = {"local": LocalPool}
 
 def make_pool(config: Any) -> RolloutPool:
     """The pool named by `config.env.rollout_backend`, sized by `config.env.n_workers`, its commands limited
-    to `config.env.command_timeout_s`, its episodes offered the tools of `config.env.tools`. 'ray'
+    to `config.env.command_timeout_s`, its episodes offered the tools of `config.env.tools` (codebase_search
+    with the trained encoder `config.env.search_model`, if any). 'ray'
     (env/rollout/ray_pool.py, imported only when chosen) connects to the cluster at `config.env.ray_address`
     ('' : RAY_ADDRESS, else a local cluster)."""
     backend = config.env.rollout_backend
@@ -339,6 +343,13 @@ def make_pool(config: Any) -> RolloutPool:
             isolation=config.env.isolation,
             limits=limits,
             tools=tools,
+            search_model=config.env.search_model,
             address=config.env.ray_address or None,
         )
-    return POOLS[backend](config.env.n_workers, isolation=config.env.isolation, limits=limits, tools=tools)
+    return POOLS[backend](
+        config.env.n_workers,
+        isolation=config.env.isolation,
+        limits=limits,
+        tools=tools,
+        search_model=config.env.search_model,
+    )

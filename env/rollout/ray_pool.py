@@ -56,12 +56,19 @@ class _QueueConnection:
 class RolloutActor:
     """A rollout worker as a Ray actor: the worker body on a thread, messages in order by number."""
 
-    def __init__(self, index: int, isolation: str, limits: Any, tools: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        isolation: str,
+        limits: Any,
+        tools: tuple[str, ...] | None = None,
+        search_model: str = "",
+    ) -> None:
         self._conn = _QueueConnection()
         self._next = 0
         self._held: dict[int, tuple] = {}
         self._lock = threading.Lock()
-        worker = _Worker(self._conn, index, isolation, limits, tools)
+        worker = _Worker(self._conn, index, isolation, limits, tools, search_model)
         self._thread = threading.Thread(target=worker.serve, name=f"rollout-worker-{index}", daemon=True)
         self._thread.start()
 
@@ -190,7 +197,7 @@ class RayPool(LocalPool):
 
     # -- internals: LocalPool's, for actors
     def _spawn(self, index: int) -> _Handle:
-        actor = self._actor_cls.remote(index, self._isolation, self._limits, self._tools)
+        actor = self._actor_cls.remote(index, self._isolation, self._limits, self._tools, self._search_model)
         state = _ActorState(receiving=actor.receive.remote(_RECEIVE_WAIT_S))
         if index < len(self._actors):
             self._actors[index] = state

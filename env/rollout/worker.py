@@ -55,9 +55,16 @@ class _Live:
 
 class _Worker:
     def __init__(
-        self, conn: Connection, index: int, isolation: str, limits: Any, tools: tuple[str, ...] | None = None
+        self,
+        conn: Connection,
+        index: int,
+        isolation: str,
+        limits: Any,
+        tools: tuple[str, ...] | None = None,
+        search_model: str = "",
     ):
         self.conn, self.index, self.isolation, self.tools = conn, index, isolation, tools
+        self.search_model = search_model
         self.limits = limits if limits is not None else sandbox.Limits()
         self.send_lock = threading.Lock()
         self.lock = threading.Lock()
@@ -159,7 +166,12 @@ class _Worker:
         except Exception:
             sandbox.remove_workspace(workspace)
             raise
-        return _Live(task, Path(workspace), box, tools.ToolContext(workspace, box, tools=self.tools))
+        return _Live(
+            task,
+            Path(workspace),
+            box,
+            tools.ToolContext(workspace, box, tools=self.tools, search_model=self.search_model),
+        )
 
     def _calls(self, episode_id: str, live: _Live, calls: list) -> None:
         t0 = time.monotonic()
@@ -205,12 +217,17 @@ class _Worker:
 
 
 def run_worker(
-    conn: Connection, index: int, isolation: str, limits: Any, tools: tuple[str, ...] | None = None
+    conn: Connection,
+    index: int,
+    isolation: str,
+    limits: Any,
+    tools: tuple[str, ...] | None = None,
+    search_model: str = "",
 ) -> None:
     """Entry point of a worker process (multiprocessing target)."""
     # Ctrl-C reaches the whole process group; the pool decides when workers stop (and they clean up then).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _Worker(conn, index, isolation, limits, tools).serve()
+        _Worker(conn, index, isolation, limits, tools, search_model).serve()
     finally:
         conn.close()

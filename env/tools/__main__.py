@@ -3,10 +3,14 @@
     python -m env.tools call --workspace WS \
         --json '{"name": "read_file", "arguments": {"target_file": "a.py"}}'
     python -m env.tools call --workspace WS --json '...' --json-output   # {"text": ..., "is_error": ...}
+    python -m env.tools call --workspace WS --search-model DIR \
+        --json '{"name": "codebase_search", "arguments": {"query": "...", "target_directories": []}}'
 
 The result text is printed followed by one newline. run_terminal_cmd runs in an env.sandbox.Sandbox on WS
 (created only for that tool; without env.sandbox it answers that no sandbox is available). The exit status
-is 0 for a result without the error flag, 1 for an error result.
+is 0 for a result without the error flag, 1 for an error result. `--search-model DIR` gives codebase_search
+the trained encoder in DIR (`python -m composer.search_model train --out DIR`); without it, the hashed
+fallback.
 """
 
 import argparse
@@ -37,7 +41,7 @@ def call(args: argparse.Namespace) -> int:
     if isinstance(parsed, ToolCall) and parsed.name == "run_terminal_cmd":
         sandbox = _sandbox(workspace)
     try:
-        ctx = ToolContext(workspace, sandbox, display_root=args.display_root)
+        ctx = ToolContext(workspace, sandbox, display_root=args.display_root, search_model=args.search_model)
         result = execute(ctx, parsed)
     finally:
         if sandbox is not None:
@@ -57,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", required=True, help='the call: {"name": ..., "arguments": {...}}')
     p.add_argument("--json-output", action="store_true", help='print {"text": ..., "is_error": ...}')
     p.add_argument("--display-root", default="/workspace", help="where the model sees the workspace")
+    p.add_argument("--search-model", default="", help="codebase_search's trained encoder (a model directory)")
     args = parser.parse_args(argv)
     return call(args)
 

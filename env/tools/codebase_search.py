@@ -15,18 +15,23 @@ from an `Encoder`. The two rankings are fused by reciprocal rank fusion (Cormack
 BM25 rank. The top TOP_K chunks come back best first as `{path}:{start}-{end}` then the chunk's lines
 numbered read_file style, separated by blank lines.
 
-`HashedNgramEncoder` is a training-free STAND-IN for a learned code encoder: hashed identifier sub-tokens
-and character n-grams, no semantics beyond spelling. A trained encoder plugs in through the `Encoder`
-protocol (`ctx.encoder`).
+The encoder. With a search model configured (`ctx.search_model`, a directory written by
+`python -m composer.search_model train`; `env.search_model` in a run config, `--search-model` on the command
+line) it is that trained transformer (env/tools/search_encoder.py, NumPy, no JAX in the tool process); any
+other `Encoder` can be set as `ctx.encoder`. Without either, `HashedNgramEncoder`, a training-free FALLBACK:
+hashed identifier sub-tokens and character n-grams, no semantics beyond spelling.
 
 The index lives on the ToolContext. Each search re-stats the workspace's files (about a millisecond for a few
 dozen files) and re-chunks only files whose size or modification time changed or that a tool edited, so
-edits made through the terminal are seen too; chunk vectors are cached by chunk text.
+edits made through the terminal are seen too; chunk vectors are cached by the hash of the chunk's text, so
+only new or changed chunks are encoded (in batches), and the learned encoder's own cache is shared by every
+index in the process (one encoding per repository snapshot, however many episodes search it).
 """
 
 import ast
 import dataclasses
 import functools
+import hashlib
 import os
 import re
 import stat
@@ -225,7 +230,7 @@ class SearchIndex:
         self.chunks: list[Chunk] = []
         self.vectors = np.zeros((0, 1), np.float32)
         self.bm25 = None
-        self._vector_cache: dict[str, np.ndarray] = {}
+        self._vector_cache: dict[bytes, np.ndarray] = {}  # blake2b of a chunk's text -> its vector
 
     def _chunks_of(self, full: str, rel: str, size: int) -> list[Chunk]:
         if size > MAX_FILE_BYTES:
@@ -268,12 +273,14 @@ class SearchIndex:
         self.files = seen
         self.chunks = [c for rel in sorted(seen) for c in seen[rel][1]]
         texts = [c.text() for c in self.chunks]
-        missing = [t for t in dict.fromkeys(texts) if t not in self._vector_cache]
+        keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
+        missing = {k: t for k, t in zip(keys, texts) if k not in self._vector_cache}
         if missing:
-            self._vector_cache.update(zip(missing, self.encoder.encode(missing), strict=True))
-        self._vector_cache = {t: self._vector_cache[t] for t in texts}  # drop vectors of gone chunks
+            vectors = self.encoder.encode(list(missing.values()))
+            self._vector_cache.update(zip(missing, vectors, strict=True))
+        self._vector_cache = {k: self._vector_cache[k] for k in keys}  # drop vectors of gone chunks
         self.vectors = (
-            np.stack([self._vector_cache[t] for t in texts]) if texts else np.zeros((0, 1), np.float32)
+            np.stack([self._vector_cache[k] for k in keys]) if texts else np.zeros((0, 1), np.float32)
         )
         self.bm25 = None
         if texts:
@@ -287,25 +294,51 @@ class SearchIndex:
             for i, c in enumerate(self.chunks)
             if prefixes is None or any(c.path == p or c.path.startswith(p + "/") for p in prefixes)
         ]
+        weight = getattr(self.encoder, "dense_weight", 1.0)  # a trained model's, fitted with it
+        return [self.chunks[i] for i in self.rank(query, candidates, dense_weight=weight)[:k]]
+
+    def rank(
+        self,
+        query: str,
+        candidates: list[int],
+        lexical: bool = True,
+        dense: bool = True,
+        dense_weight: float = 1.0,
+    ) -> list[int]:
+        """`candidates` (chunk indices) best first: by RRF of the BM25 and cosine rankings (the cosine's term
+        times dense_weight), or by one alone (a chunk without any query term has no BM25 rank)."""
         if not candidates:
             return []
-        terms = [t for t in code_tokens(query) if t in self.bm25.vocab_dict]
-        lexical = self.bm25.get_scores(terms) if terms else np.zeros(len(self.chunks))
-        cosine = self.vectors @ self.encoder.encode([query])[0]
         fused = dict.fromkeys(candidates, 0.0)
-        for rank, i in enumerate(
-            sorted((i for i in candidates if lexical[i] > 0), key=lambda i: -lexical[i])
-        ):
-            fused[i] += 1.0 / (RRF_K + rank + 1)
-        for rank, i in enumerate(sorted(candidates, key=lambda i: -cosine[i])):
-            fused[i] += 1.0 / (RRF_K + rank + 1)
-        best = sorted(candidates, key=lambda i: -fused[i])[:k]
-        return [self.chunks[i] for i in best]
+        if lexical:
+            terms = [t for t in code_tokens(query) if t in self.bm25.vocab_dict]
+            scores = self.bm25.get_scores(terms) if terms else np.zeros(len(self.chunks))
+            for rank, i in enumerate(
+                sorted((i for i in candidates if scores[i] > 0), key=lambda i: -scores[i])
+            ):
+                fused[i] += 1.0 / (RRF_K + rank + 1)
+        if dense:
+            encode_query = getattr(self.encoder, "encode_queries", self.encoder.encode)
+            cosine = self.vectors @ encode_query([query])[0]
+            for rank, i in enumerate(sorted(candidates, key=lambda i: -cosine[i])):
+                fused[i] += dense_weight / (RRF_K + rank + 1)
+        return sorted(candidates, key=lambda i: -fused[i])
 
 
 def format_chunks(chunks: list[Chunk]) -> str:
     """`{path}:{start}-{end}` then the numbered lines, per chunk, separated by blank lines."""
     return "\n\n".join(f"{c.path}:{c.start}-{c.end}\n{number_lines(list(c.lines), c.start)}" for c in chunks)
+
+
+def encoder_for(ctx: ToolContext) -> Encoder:
+    """ctx.encoder if set, else the trained model of ctx.search_model, else the hashed fallback."""
+    if ctx.encoder is not None:
+        return ctx.encoder
+    if ctx.search_model:
+        from env.tools import search_encoder  # imports this module's tokenizer pieces
+
+        return search_encoder.load(os.path.realpath(ctx.search_model))
+    return HashedNgramEncoder()
 
 
 def codebase_search(ctx: ToolContext, args: dict) -> ToolResult:
@@ -321,7 +354,7 @@ def codebase_search(ctx: ToolContext, args: dict) -> ToolResult:
             prefixes = None
     with ctx.search_lock:
         if ctx.search_index is None:
-            ctx.search_index = SearchIndex(HashedNgramEncoder() if ctx.encoder is None else ctx.encoder)
+            ctx.search_index = SearchIndex(encoder_for(ctx))
         ctx.search_index.refresh(ctx.real_workspace, ctx.take_dirty())
         hits = ctx.search_index.search(args["query"], prefixes, TOP_K)
     if not hits:

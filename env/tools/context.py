@@ -42,6 +42,7 @@ class ToolContext:
         *,
         display_root: str = "/workspace",
         tools: tuple[str, ...] | None = None,
+        search_model: str = "",
     ):
         self.workspace = Path(workspace)
         # The tools this episode offers (its system prompt lists them); None: every tool. A call to another
@@ -54,8 +55,10 @@ class ToolContext:
         self.display_root = "/" + display_root.strip("/") if display_root.strip("/") else "/"
         self.todos: list[dict] = []
         self.edited_files: set[str] = set()
-        # The codebase_search encoder (an `Encoder`); None means the training-free stand-in.
+        # codebase_search's encoder: `encoder` (an `Encoder`) if set, else the trained model in the directory
+        # `search_model` ('' for none), else the training-free hashed fallback.
         self.encoder: Any = None
+        self.search_model = search_model
         # Passed to sandbox.shell; None lets the sandbox apply its own default.
         self.command_timeout: float | None = None
         self.edit_lock = threading.Lock()

@@ -9,8 +9,15 @@ import numpy as np
 import pytest
 
 from env.chat import ToolCall
-from env.tools import ToolContext, execute
-from env.tools.codebase_search import CHUNK_MAX_LINES, TOP_K, HashedNgramEncoder, chunk_file, code_tokens
+from env.tools import ToolContext, execute, search_encoder
+from env.tools.codebase_search import (
+    CHUNK_MAX_LINES,
+    TOP_K,
+    HashedNgramEncoder,
+    chunk_file,
+    code_tokens,
+    encoder_for,
+)
 
 GEOMETRY = '''"""Shapes and their measures."""
 import math
@@ -167,3 +174,103 @@ def test_bm25s_is_imported_without_jax():
     root = Path(__file__).resolve().parents[3]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def tiny_model(path, seed=0):
+    """A random-weight model directory in the format composer.search_model writes (NumPy only: the tools'
+    tests need no JAX)."""
+    cfg = search_encoder.EncoderConfig(
+        vocab_size=6, hash_buckets=16, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16, query_len=8,
+        chunk_len=12,
+    )  # fmt: skip
+    rng = np.random.default_rng(seed)
+    d, f = cfg.d_model, cfg.d_ff
+    params = {
+        "embed_vd": rng.normal(size=(cfg.n_embed, d)),
+        "pos_td": 0.02 * rng.normal(size=(cfg.max_len, d)),
+        "layers": [
+            {
+                "attn_norm_d": np.ones(d),
+                "w_qkv_dk": rng.normal(size=(d, 3 * d)) / 4,
+                "w_o_kd": rng.normal(size=(d, d)) / 4,
+                "mlp_norm_d": np.ones(d),
+                "w_in_df": rng.normal(size=(d, f)) / 4,
+                "b_in_f": np.zeros(f),
+                "w_out_fd": rng.normal(size=(f, d)) / 6,
+            }
+        ],
+        "final_norm_d": np.ones(d),
+        "w_proj_dd": rng.normal(size=(d, d)) / 4,
+    }
+    search_encoder.save(path, cfg, ["averag", "comput", "valu", "circl", "area", "rectangl"], params, {})
+    return str(path)
+
+
+class Counting(search_encoder.LearnedEncoder):
+    """Records the chunk texts it is asked to encode."""
+
+    def encode(self, texts):
+        self.seen = getattr(self, "seen", []) + list(texts)
+        return super().encode(texts)
+
+
+def test_the_search_model_is_used_when_configured_and_the_hashed_encoder_otherwise(ws, tmp_path):
+    model = tiny_model(tmp_path / "model")
+    ctx = ToolContext(ws, search_model=model)
+    r = search(ctx, "Where is the average of a list of numbers computed?")
+    assert not r.is_error and len(headers(r.text)) == TOP_K
+    assert isinstance(ctx.search_index.encoder, search_encoder.LearnedEncoder)
+    assert ctx.search_index.vectors.shape == (len(ctx.search_index.chunks), 16)
+    assert encoder_for(ToolContext(ws, search_model=model)) is ctx.search_index.encoder  # one per process
+    fallback = ToolContext(ws)
+    search(fallback, "average")
+    assert isinstance(fallback.search_index.encoder, HashedNgramEncoder)
+    # the command line's --search-model
+    root = Path(__file__).resolve().parents[3]
+    call = '{"name": "codebase_search", "arguments": {"query": "circle area", "target_directories": []}}'
+    argv = ["-m", "env.tools", "call", "--workspace", str(ws), "--search-model", model, "--json", call]
+    done = subprocess.run([sys.executable, *argv], cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("lib/geometry.py:7-9"), done.stderr
+
+
+def test_numpy_batches_match_one_by_one(tmp_path):
+    enc = search_encoder.LearnedEncoder.from_dir(tiny_model(tmp_path / "m"))
+    texts = [GEOMETRY, STATS, "def f(): pass", "circle " * 40, ""]
+    together = enc.encode(texts)
+    alone = np.concatenate(
+        [search_encoder.LearnedEncoder.from_dir(tmp_path / "m").encode([t]) for t in texts]
+    )
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(together, axis=1), 1.0, rtol=1e-5)
+
+
+def test_learned_vectors_are_cached_by_content_and_follow_edits(ws, tmp_path):
+    enc = Counting.from_dir(tiny_model(tmp_path / "model"))
+    ctx = ToolContext(ws)
+    ctx.encoder = enc
+    search(ctx, "average")
+    n_chunks = len(ctx.search_index.chunks)
+    assert len(enc.seen) == n_chunks
+    search(ctx, "area")  # nothing changed: nothing encoded
+    assert len(enc.seen) == n_chunks
+    # an edit through a tool: only the new chunk is encoded, and its vector is the new text's
+    execute(ctx, ToolCall("search_replace", {"file_path": "lib/geometry.py", "old_string": "radius**2",
+                                             "new_string": "radius * radius"}))  # fmt: skip
+    search(ctx, "area")
+    new = [t for t in enc.seen[n_chunks:]]
+    assert len(new) == 1 and "radius * radius" in new[0]
+    i = next(i for i, c in enumerate(ctx.search_index.chunks) if "radius * radius" in c.text())
+    np.testing.assert_allclose(ctx.search_index.vectors[i], enc.encode([new[0]])[0])
+    # an edit behind the tools' back (a terminal command): seen through the file's stat
+    (ws / "lib" / "stats.py").write_text("def median_of_samples(samples):\n    return sorted(samples)[0]\n")
+    os.utime(ws / "lib" / "stats.py", ns=(1, 1))
+    before = len(enc.seen)
+    assert headers(search(ctx, "median of samples").text)[0] == "lib/stats.py:1-2"
+    assert len(enc.seen) == before + 1  # the one new chunk; the index dropped the old file's
+    assert len(ctx.search_index._vector_cache) == len(ctx.search_index.chunks)
+    # a second episode on the same snapshot reuses the encoder's cache: nothing is encoded again
+    other = ToolContext(ws)
+    other.encoder = enc
+    seen = len(enc.seen)
+    search(other, "median")
+    assert all(t in enc.seen[:seen] for t in enc.seen[seen:]) and enc._cache
