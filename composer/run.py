@@ -119,6 +119,17 @@ def main(config: ml_collections.ConfigDict, workdir: str, mode: str) -> None:
         where = config[section][name]
         if where and not Path(where).expanduser().is_dir():
             raise ValueError(f"{key}: {where} is not a directory (a suite: a directory of task directories)")
+    if config.env.search_model:
+        missing = [
+            f
+            for f in ("config.json", "vocab.json", "params.npz")
+            if not (Path(config.env.search_model) / f).is_file()
+        ]
+        if missing:
+            raise ValueError(
+                f"env.search_model: {config.env.search_model} is not a search model directory (no "
+                f"{', '.join(missing)}; python -m composer.search_model train --out DIR writes one)"
+            )
     if mode == "eval":
         from composer.pipeline import eval_suite
 

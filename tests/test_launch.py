@@ -81,6 +81,18 @@ def test_an_unknown_chat_template_choice_fails_before_work_naming_it(tmp_path):
     assert not workdir.exists()
 
 
+def test_a_search_model_that_is_not_one_fails_before_work_naming_the_key(tmp_path):
+    workdir = tmp_path / "w"
+    r = _launch(
+        "--config=experiments/composer.py:tiny",
+        f"--config.env.search_model={tmp_path}",
+        f"--workdir={workdir}",
+    )
+    assert r.returncode != 0
+    assert "env.search_model" in r.stderr and "params.npz" in r.stderr
+    assert not workdir.exists()
+
+
 def test_eval_of_a_pretrained_checkpoint_runs(tmp_path):
     """The fixture checkpoint with Qwen3's own chat template: the episodes are prompted in it."""
     checkpoint = tmp_path / "qwen3_moe"
