@@ -126,6 +126,7 @@ def test_make_pool_picks_ray_by_config(pool):
                 "command_timeout_s": 5.0,
                 "ray_address": "",
                 "tools": "grep,read_file",
+                "search_model": "",
             }
         }
     )
