@@ -28,7 +28,7 @@ from typing import Any
 
 from env.chat import CallError, ToolCall
 from env.rollout.events import Event
-from env.rollout.worker import run_worker
+from env.rollout.worker import WorkerOptions, run_worker
 
 _LATENCY_WINDOW = 10_000  # latencies kept for the percentiles in metrics()
 
@@ -100,8 +100,7 @@ class LocalPool(RolloutPool):
         if n_workers < 1:
             raise ValueError(f"n_workers must be at least 1, got {n_workers}")
         self._mp = multiprocessing.get_context("spawn")
-        self._isolation, self._limits, self._tools = isolation, limits, tools
-        self._search_model = search_model
+        self._options = WorkerOptions(isolation, limits, tools, search_model)
         self._workers: list[_Handle] = []
         self._where: dict[str, int] = {}  # live episode -> worker index
         self._workspaces: dict[str, str] = {}
@@ -214,7 +213,7 @@ class LocalPool(RolloutPool):
         parent, child = self._mp.Pipe(duplex=True)
         process = self._mp.Process(
             target=run_worker,
-            args=(child, index, self._isolation, self._limits, self._tools, self._search_model),
+            args=(child, index, self._options),
             name=f"rollout-worker-{index}",
             daemon=True,
         )

@@ -27,7 +27,7 @@ from typing import Any
 
 from env.rollout.events import Event
 from env.rollout.pool import LocalPool, _Handle
-from env.rollout.worker import _Worker
+from env.rollout.worker import WorkerOptions, _Worker
 
 _RECEIVE_WAIT_S = 1.0  # how long an actor's receive call blocks when it has nothing to send
 _CLOSED = ("closed",)
@@ -56,19 +56,12 @@ class _QueueConnection:
 class RolloutActor:
     """A rollout worker as a Ray actor: the worker body on a thread, messages in order by number."""
 
-    def __init__(
-        self,
-        index: int,
-        isolation: str,
-        limits: Any,
-        tools: tuple[str, ...] | None = None,
-        search_model: str = "",
-    ) -> None:
+    def __init__(self, index: int, options: WorkerOptions) -> None:
         self._conn = _QueueConnection()
         self._next = 0
         self._held: dict[int, tuple] = {}
         self._lock = threading.Lock()
-        worker = _Worker(self._conn, index, isolation, limits, tools, search_model)
+        worker = _Worker(self._conn, index, options)
         self._thread = threading.Thread(target=worker.serve, name=f"rollout-worker-{index}", daemon=True)
         self._thread.start()
 
@@ -197,7 +190,7 @@ class RayPool(LocalPool):
 
     # -- internals: LocalPool's, for actors
     def _spawn(self, index: int) -> _Handle:
-        actor = self._actor_cls.remote(index, self._isolation, self._limits, self._tools, self._search_model)
+        actor = self._actor_cls.remote(index, self._options)
         state = _ActorState(receiving=actor.receive.remote(_RECEIVE_WAIT_S))
         if index < len(self._actors):
             self._actors[index] = state

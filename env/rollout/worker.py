@@ -53,19 +53,23 @@ class _Live:
     closed: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    """What every worker of a pool runs episodes with: the sandboxes' isolation level and limits (None: the
+    sandbox's defaults), the tools episodes may call (None: all of them) and codebase_search's trained
+    encoder, a model directory ('': the hashed fallback; env.tools.ToolContext)."""
+
+    isolation: str = "auto"
+    limits: Any = None
+    tools: tuple[str, ...] | None = None
+    search_model: str = ""
+
+
 class _Worker:
-    def __init__(
-        self,
-        conn: Connection,
-        index: int,
-        isolation: str,
-        limits: Any,
-        tools: tuple[str, ...] | None = None,
-        search_model: str = "",
-    ):
-        self.conn, self.index, self.isolation, self.tools = conn, index, isolation, tools
-        self.search_model = search_model
-        self.limits = limits if limits is not None else sandbox.Limits()
+    def __init__(self, conn: Connection, index: int, options: WorkerOptions):
+        self.conn, self.index = conn, index
+        self.isolation, self.tools, self.search_model = options.isolation, options.tools, options.search_model
+        self.limits = options.limits if options.limits is not None else sandbox.Limits()
         self.send_lock = threading.Lock()
         self.lock = threading.Lock()
         self.queues: dict[str, queue.SimpleQueue] = {}
@@ -216,18 +220,11 @@ class _Worker:
                 log.exception("closing the %s of an episode failed (%s)", what, live.workspace)
 
 
-def run_worker(
-    conn: Connection,
-    index: int,
-    isolation: str,
-    limits: Any,
-    tools: tuple[str, ...] | None = None,
-    search_model: str = "",
-) -> None:
+def run_worker(conn: Connection, index: int, options: WorkerOptions) -> None:
     """Entry point of a worker process (multiprocessing target)."""
     # Ctrl-C reaches the whole process group; the pool decides when workers stop (and they clean up then).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _Worker(conn, index, isolation, limits, tools, search_model).serve()
+        _Worker(conn, index, options).serve()
     finally:
         conn.close()

@@ -132,7 +132,7 @@ def test_make_pool_picks_ray_by_config(pool):
     )
     with make_pool(config) as p:
         assert isinstance(p, RayPool)
-        assert p._tools == ("read_file", "grep")  # handed to every actor's worker
+        assert p._options.tools == ("read_file", "grep")  # handed to every actor's worker
         p.wait_ready(60.0)
         assert len(set(p.pids)) == 2 and p.metrics()["workers"] == 2
     assert ray.is_initialized()  # it did not start the cluster, so it leaves it running
