@@ -172,18 +172,22 @@ def system_message(tool_schemas: list[dict], instructions: str) -> Message:
     return Message("system", instructions, tools=list(tool_schemas))
 
 
+# composer's system text around the tool schemas (one JSON object a line between them).
+TOOLS_BEFORE = "\n\n# Tools\n\nThe tools you can call, one JSON schema a line:\n<tools>\n"
+TOOLS_AFTER = (
+    "\n</tools>\n\nCall a tool by writing its name and arguments as one JSON object between tags:\n"
+    f'{TOOL_CALL_OPEN}\n{{"name": <tool name>, "arguments": <arguments object>}}\n{TOOL_CALL_CLOSE}\n'
+    "Several calls in one turn run in parallel; their results come back in order."
+)
+
+
 def system_content(instructions: str, tool_schemas: list[dict]) -> str:
     """composer's own system text: the instructions, then the tool schemas (one JSON object a line in
     `<tools>`) and how to call them. With no schemas, the instructions alone."""
     if not tool_schemas:
         return instructions
     schemas = "\n".join(json.dumps(s, ensure_ascii=False) for s in tool_schemas)
-    return (
-        f"{instructions}\n\n# Tools\n\nThe tools you can call, one JSON schema a line:\n<tools>\n{schemas}\n"
-        f"</tools>\n\nCall a tool by writing its name and arguments as one JSON object between tags:\n"
-        f'{TOOL_CALL_OPEN}\n{{"name": <tool name>, "arguments": <arguments object>}}\n{TOOL_CALL_CLOSE}\n'
-        f"Several calls in one turn run in parallel; their results come back in order."
-    )
+    return f"{instructions}{TOOLS_BEFORE}{schemas}{TOOLS_AFTER}"
 
 
 # ---------------------------------------------------------------------------------------------- parsing

@@ -97,6 +97,11 @@ class NativeFormat:
 NATIVE = NativeFormat()
 
 
+def _literal(text: str) -> str:
+    # A Jinja string literal of `text` (Jinja reads a JSON string's escapes).
+    return json.dumps(text)
+
+
 def _escape_specials(expr: str) -> str:
     # format_call's escaping of special-token strings inside a call's JSON, as Jinja filters.
     return expr + "".join(f" | replace('{t}', '\\\\u003c{t[1:]}')" for t in chat.SPECIAL_TOKENS)
@@ -108,13 +113,9 @@ NATIVE_TEMPLATE = "".join(
     [
         "{%- macro system_text(instructions) -%}",
         "{%- if tools -%}",
-        "{{- instructions ~ '\\n\\n# Tools\\n\\n' -}}",
-        "{{- 'The tools you can call, one JSON schema a line:\\n<tools>\\n' -}}",
+        "{{- instructions ~ " + _literal(chat.TOOLS_BEFORE) + " -}}",
         "{%- for tool in tools -%}{{- (tool | tojson) ~ ('' if loop.last else '\\n') -}}{%- endfor -%}",
-        "{{- '\\n</tools>\\n\\n' -}}",
-        "{{- 'Call a tool by writing its name and arguments as one JSON object between tags:\\n' -}}",
-        '{{- \'<tool_call>\\n{"name": <tool name>, "arguments": <arguments object>}\\n</tool_call>\\n\' -}}',
-        "{{- 'Several calls in one turn run in parallel; their results come back in order.' -}}",
+        "{{- " + _literal(chat.TOOLS_AFTER) + " -}}",
         "{%- else -%}{{- instructions -}}{%- endif -%}",
         "{%- endmacro -%}",
         "{%- if tools and (not messages or messages[0].role != 'system') -%}",

@@ -334,16 +334,16 @@ class Api:
                     if chat.THINK_OPEN.startswith(head):  # nothing yet, or a think block's tag arriving
                         continue
                     if head.startswith(chat.THINK_OPEN):
-                        body = head[len(chat.THINK_OPEN) :].lstrip("\n")
-                        end = body.find(chat.THINK_CLOSE)
-                        thought = body[:end] if end >= 0 else body[: _safe_prefix(body, [chat.THINK_CLOSE])]
-                        thought = thought.rstrip("\n")  # newlines before </think> are not reasoning
+                        thought, answer = chat.split_reasoning(text)
+                        closed = chat.THINK_CLOSE in head
+                        if not closed:  # short of a closing tag that may be arriving
+                            thought = thought[: _safe_prefix(thought, [chat.THINK_CLOSE])].rstrip("\n")
                         if len(thought) > shown_reasoning:
                             yield chunk(i, {"reasoning_content": thought[shown_reasoning:]})
                             shown_reasoning = len(thought)
-                        if end < 0:
+                        if not closed:
                             continue
-                        text = body[end + len(chat.THINK_CLOSE) :].lstrip("\n")
+                        text = answer
                     # Text that may still become a tool call or a stop string waits for the end of the turn.
                     safe = _safe_prefix(text, ([chat.TOOL_CALL_OPEN] if tools_on else []) + stops)
                     if safe > shown:
