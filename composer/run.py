@@ -103,29 +103,23 @@ def main(config: ml_collections.ConfigDict, workdir: str, mode: str) -> None:
     if mode == "plan":
         plan(config)
         return
-    from composer.checkpoints.hf_tokenizer import CHAT_TEMPLATES
+    from composer.checkpoints.hf_tokenizer import check_chat_template
     from composer.pipeline.data import task_families
     from env.tools import offered_tools
 
     # Values that would otherwise fail minutes in, or only once a task suite is generated.
     offered_tools(config.env.tools)
     task_families(config)
-    if config.model.chat_template not in CHAT_TEMPLATES:
-        raise ValueError(
-            f"model.chat_template must be one of {CHAT_TEMPLATES}, not {config.model.chat_template!r}"
-        )
+    check_chat_template(config.model.chat_template)
     for key in ("env.tasks", "eval.tasks"):
         section, name = key.split(".")
         where = config[section][name]
         if where and not Path(where).expanduser().is_dir():
             raise ValueError(f"{key}: {where} is not a directory (a suite: a directory of task directories)")
     if config.env.search_model:
-        missing = [
-            f
-            for f in ("config.json", "vocab.json", "params.npz")
-            if not (Path(config.env.search_model) / f).is_file()
-        ]
-        if missing:
+        from env.tools.search_encoder import missing_files
+
+        if missing := missing_files(config.env.search_model):
             raise ValueError(
                 f"env.search_model: {config.env.search_model} is not a search model directory (no "
                 f"{', '.join(missing)}; python -m composer.search_model train --out DIR writes one)"

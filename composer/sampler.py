@@ -117,6 +117,11 @@ class _Request:
     logprobs: list[float] = dataclasses.field(default_factory=list)
 
 
+def _check_settings(temperature: float, top_p: float) -> None:
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+
+
 class Sampler:
     """Continuous-batching sampler with the engine protocol add / step / pending (module docstring)."""
 
@@ -137,8 +142,7 @@ class Sampler:
         max_rows: int = 0,
         line_tokens: copy_head.LineTokens | None = None,
     ):
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        _check_settings(temperature, top_p)
         self.cfg = sampling_config(cfg)
         # Checked here, not at the first prefill; None where unused, so no ids mean no extra compiles.
         self.line_tokens = copy_head.active_line_tokens(cfg, line_tokens)
@@ -201,8 +205,7 @@ class Sampler:
         temperature / top_p: this turn's own (default: the sampler's)."""
         temperature = self.temperature if temperature is None else float(temperature)
         top_p = self.top_p if top_p is None else float(top_p)
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        _check_settings(temperature, top_p)
         prompt = [int(i) for i in prompt_ids]
         if not 0 < len(prompt) <= self.max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens: need 1..max_len={self.max_len}")

@@ -86,11 +86,16 @@ def special_tokens(directory: str | Path) -> dict[str, str]:
     return out
 
 
+def check_chat_template(choice: str) -> None:
+    """Raises ValueError, naming model.chat_template, unless `choice` is one of CHAT_TEMPLATES."""
+    if choice not in CHAT_TEMPLATES:
+        raise ValueError(f"model.chat_template must be one of {CHAT_TEMPLATES}, not {choice!r}")
+
+
 def chat_format(directory: str | Path, choice: str = "checkpoint") -> ChatFormat:
     """The chat format of the checkpoint at `directory`: its own template ('checkpoint', when it has one)
     or composer's ('native'). Raises ValueError for a template composer cannot read (env.chat_format)."""
-    if choice not in CHAT_TEMPLATES:
-        raise ValueError(f"model.chat_template must be one of {CHAT_TEMPLATES}, not {choice!r}")
+    check_chat_template(choice)
     template = chat_template(directory) if choice == "checkpoint" else None
     if template is None:
         return NATIVE

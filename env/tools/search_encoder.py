@@ -253,6 +253,14 @@ class LearnedEncoder:
             return np.stack([self._cache[k] for k in keys])
 
 
+MODEL_FILES = ("config.json", "vocab.json", "params.npz")  # a model directory (module docstring)
+
+
+def missing_files(path: str | Path) -> list[str]:
+    """The files of a model directory that `path` lacks (all of them when it is no directory)."""
+    return [f for f in MODEL_FILES if not (Path(path) / f).is_file()]
+
+
 @functools.lru_cache(maxsize=4)
 def load(path: str) -> LearnedEncoder:
     """The encoder of a model directory, one per directory and process (its vector cache is shared)."""
